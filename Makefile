@@ -1,0 +1,33 @@
+# `make demo` and `make test` set up what they need on a fresh machine, then run.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# The CPU build of torch on this machine's disk; triton 3.9's interpreter runs with numpy 2.4.
+TORCH_PIN ?= torch==2.13.0
+TRITON_PIN ?= triton==3.9.0
+NUMPY_PIN ?= numpy==2.4.*
+
+.PHONY: setup demo test bench clean
+
+setup: $(VENV)/.ready
+
+$(VENV)/.ready: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_PIN)"
+	$(PY) -m pip install -q "$(TRITON_PIN)" "$(NUMPY_PIN)"
+	$(PY) -m pip install -q -e ".[test,bench]"
+	touch $@
+
+demo: setup
+	$(PY) -m normlib demo
+
+# Without a GPU the Triton kernels run in Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1).
+test: setup
+	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q benchmarks --benchmark-disable
+
+bench: setup
+	$(PY) -m pytest benchmarks
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

@@ -1,0 +1,36 @@
+"""Backends obey one contract and are chosen in one place.
+
+``forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mode, return_state)``
+takes ``x`` as a (B, C, T) view in any strides (a "b t c" input arrives permuted, not copied), ``decay``
+0 (FRAME), 1 (CUMULATIVE), alpha (EMA) or None (GLOBAL), and returns ``(y, state_out or None)`` with
+``y`` of x's shape and dtype.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from . import pytorch
+
+BACKENDS = {"torch": pytorch.forward}
+NAMES = ("auto", "torch", "triton")
+
+
+def triton_usable(x: torch.Tensor) -> bool:
+    """Triton runs CUDA tensors, or CPU tensors under TRITON_INTERPRET=1."""
+    if "triton" not in BACKENDS:
+        return False
+    return x.is_cuda or (x.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1")
+
+
+def resolve(backend: str, x: torch.Tensor):
+    """The one dispatch point: the backend's forward for this input."""
+    if backend == "auto":
+        return BACKENDS["triton" if x.is_cuda and triton_usable(x) else "torch"]
+    if backend == "triton" and not triton_usable(x):
+        raise ValueError(
+            f"backend='triton' needs a CUDA tensor (or TRITON_INTERPRET=1 for CPU tensors) and the triton "
+            f"package; got a tensor on {x.device}"
+        )
+    return BACKENDS[backend]

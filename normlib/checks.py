@@ -1,0 +1,112 @@
+"""Every input check, in one place. Each error names the argument and says what was expected."""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+
+from .spec import NormSpec
+from .state import NormState
+
+LAYOUTS = ("b c t", "b t c")
+EPS_MODES = ("inside", "outside")
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def stats_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Statistics (and states) are float32, float64 for float64 inputs."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def normalize_layout(layout: str) -> str:
+    key = " ".join(str(layout).replace(",", " ").split()).lower()
+    key = {"bct": "b c t", "btc": "b t c"}.get(key.replace(" ", ""), key)
+    if key not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    return key
+
+
+class Checked(NamedTuple):
+    x: torch.Tensor  # (B, C, T) view of the input
+    lengths: torch.Tensor | None  # (B,) int64 on x's device
+    decay: float | None
+    layout: str
+
+
+def check_options(spec: NormSpec, eps, eps_mode, decay, layout, backend):
+    """The hyper-parameters; returns (decay as the kernels use it, layout normalized)."""
+    from .backends import NAMES
+
+    layout = normalize_layout(layout)
+    if backend not in NAMES:
+        raise ValueError(f"backend must be one of {NAMES}, got {backend!r}")
+    if eps_mode not in EPS_MODES:
+        raise ValueError(f"eps_mode must be one of {EPS_MODES}, got {eps_mode!r}")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
+        raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
+    decay = spec.resolve_decay(decay)
+    if decay is not None:
+        if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0.0 <= decay <= 1.0:
+            raise ValueError(f"decay must be a number in [0, 1], got {decay!r}")
+        decay = float(decay)
+    return decay, layout
+
+
+def check_inputs(spec: NormSpec, x, weight, bias, eps, eps_mode, decay, lengths, state, return_state,
+                 layout, backend, num_channels=None) -> Checked:
+    decay, layout = check_options(spec, eps, eps_mode, decay, layout, backend)
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() != 3:
+        raise ValueError(f"x must have 3 dims ({layout!r}: batch, {'channels, time' if layout == 'b c t' else 'time, channels'}), "
+                         f"got shape {tuple(x.shape)}")
+    if x.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"x must be a floating tensor (float16, bfloat16, float32, float64), got {x.dtype}")
+    xv = x if layout == "b c t" else x.permute(0, 2, 1)
+    B, C, T = xv.shape
+    if num_channels is not None and C != num_channels:
+        raise ValueError(f"x has {C} channels (layout {layout!r}, shape {tuple(x.shape)}) but the layer "
+                         f"was built with num_channels={num_channels}")
+
+    for name, p in (("weight", weight), ("bias", bias)):
+        if p is None:
+            continue
+        if not isinstance(p, torch.Tensor) or p.shape != (C,):
+            raise ValueError(f"{name} must be a tensor of shape ({C},), got "
+                             f"{tuple(p.shape) if isinstance(p, torch.Tensor) else type(p).__name__}")
+        if p.dtype not in FLOAT_DTYPES:
+            raise TypeError(f"{name} must be floating, got {p.dtype}")
+        if p.device != x.device:
+            raise ValueError(f"{name} is on {p.device} but x is on {x.device}")
+
+    if lengths is not None:
+        if not isinstance(lengths, torch.Tensor):
+            lengths = torch.as_tensor(lengths, device=x.device)
+        if lengths.shape != (B,):
+            raise ValueError(f"lengths must have shape ({B},) (one length per batch item), got {tuple(lengths.shape)}")
+        if lengths.dtype.is_floating_point or lengths.dtype.is_complex or lengths.dtype == torch.bool:
+            raise TypeError(f"lengths must be an integer tensor, got {lengths.dtype}")
+        if lengths.device != x.device:
+            raise ValueError(f"lengths is on {lengths.device} but x is on {x.device}")
+        if B and (int(lengths.min()) < 0 or int(lengths.max()) > T):
+            raise ValueError(f"lengths must lie in [0, T={T}], got values in "
+                             f"[{int(lengths.min())}, {int(lengths.max())}]")
+        lengths = lengths.to(torch.int64)
+
+    if (state is not None or return_state) and not spec.causal:
+        raise ValueError(f"{spec.name!r} is not causal ({spec.time.value}): it takes no state and returns none")
+    if state is not None:
+        if not isinstance(state, NormState):
+            raise TypeError(f"state must be a normlib.NormState, got {type(state).__name__}")
+        want = (B, C) if spec.per_channel else (B,)
+        sd = stats_dtype(x.dtype)
+        for field, t in zip(NormState._fields, state):
+            if not isinstance(t, torch.Tensor) or t.shape != want:
+                raise ValueError(f"state.{field} must have shape {want} for {spec.name!r} on this input, "
+                                 f"got {tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+            if t.dtype != sd:
+                raise TypeError(f"state.{field} must be {sd} for a {x.dtype} input, got {t.dtype}")
+            if t.device != x.device:
+                raise ValueError(f"state.{field} is on {t.device} but x is on {x.device}")
+    return Checked(xv, lengths, decay, layout)

@@ -1,0 +1,100 @@
+"""``nn.Module`` layers. One base class; each norm of the family is that class bound to its spec."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .checks import check_options
+from .functional import norm
+from .spec import FAMILY, NormSpec, TimeMode
+
+
+class NormLayer(nn.Module):
+    r"""A normalization layer of the normlib family for (batch, channels, time) sequences.
+
+    .. math::
+        y_{b,c,t} = \gamma_c \frac{x_{b,c,t} - \mu_{b,t}}{\sqrt{\sigma^2_{b,t} + \epsilon}} + \beta_c
+
+    where :math:`\mu` and :math:`\sigma^2` are the mean and biased variance over the frames and channels
+    the norm pools (see ``normlib list`` and the docs).
+
+    Args:
+        num_channels: C, the size of the channel dim.
+        eps: added to the variance (``eps_mode="inside"``) or to the std (``"outside"``). Default: 1e-8.
+        elementwise_affine: learn a per-channel weight (initialised to ones). Default: True.
+        bias: learn a per-channel bias (initialised to zeros), when ``elementwise_affine``. Default: True.
+        eps_mode: ``"inside"`` or ``"outside"`` the square root.
+        decay: EMA norms only: frame tau weighs ``decay ** (t - tau)``.
+        layout: ``"b c t"`` (Conv-TasNet) or ``"b t c"`` (channels last).
+        backend: ``"auto"``, ``"torch"`` or ``"triton"``.
+
+    Shape:
+        - Input: (B, C, T) for ``"b c t"``, (B, T, C) for ``"b t c"``.
+        - lengths: (B,) integers in [0, T]; frames ``t >= lengths[b]`` are padding (output 0).
+        - state: a :class:`normlib.NormState` of (B,) or (B, C) fields, causal norms only.
+        - Output: same shape and dtype as the input; with ``return_state=True``, ``(y, state)``.
+
+    Examples::
+
+        >>> layer = normlib.get("cln")(64)
+        >>> y = layer(torch.randn(8, 64, 1000))
+    """
+
+    spec: NormSpec
+
+    def __init__(self, num_channels: int, eps: float = 1e-8, elementwise_affine: bool = True,
+                 bias: bool = True, *, eps_mode: str = "inside", decay: float | None = None,
+                 layout: str = "b c t", backend: str = "auto", device=None, dtype=None):
+        factory_kwargs = {"device": device, "dtype": dtype}
+        super().__init__()
+        self.num_channels = num_channels
+        decay, self.layout = check_options(self.spec, eps, eps_mode, decay, layout, backend)
+        self.decay = decay if self.spec.time is TimeMode.EMA else None
+        self.eps, self.eps_mode, self.backend = eps, eps_mode, backend
+        self.elementwise_affine = elementwise_affine
+        if elementwise_affine:
+            self.weight = nn.Parameter(torch.empty(num_channels, **factory_kwargs))
+            self.bias = nn.Parameter(torch.empty(num_channels, **factory_kwargs)) if bias else None
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+        if self.bias is None:
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        if self.weight is not None:
+            nn.init.ones_(self.weight)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+
+    def forward(self, x, lengths=None, state=None, return_state=False):
+        return norm(self.spec, x, self.weight, self.bias, self.eps, eps_mode=self.eps_mode,
+                    decay=self.decay, layout=self.layout, lengths=lengths, state=state,
+                    return_state=return_state, backend=self.backend, num_channels=self.num_channels)
+
+    def extra_repr(self) -> str:
+        s = f"{self.num_channels}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+        if self.elementwise_affine:
+            s += f", bias={self.bias is not None}"
+        if self.decay is not None:
+            s += f", decay={self.decay}"
+        if self.eps_mode != "inside":
+            s += f", eps_mode={self.eps_mode!r}"
+        return s + f", layout={self.layout!r}"
+
+
+def layer_class(spec: NormSpec) -> type[NormLayer]:
+    """The layer class of a spec: ``NormLayer`` bound to it."""
+    doc = f"{spec.description}.\n\n" + (NormLayer.__doc__ or "")
+    return type(spec.class_name, (NormLayer,), {"spec": spec, "__doc__": doc, "__module__": __name__})
+
+
+_CLASSES = {s.name: layer_class(s) for s in FAMILY}
+CumulativeLayerNorm = _CLASSES["cln"]
+ChannelCumulativeLayerNorm = _CLASSES["ccln"]
+GlobalLayerNorm = _CLASSES["gln"]
+EMALayerNorm = _CLASSES["emaln"]
+FrameLayerNorm = _CLASSES["frameln"]
+InstanceLayerNorm = _CLASSES["instln"]
+ChannelEMALayerNorm = _CLASSES["ccemaln"]

@@ -1,0 +1,131 @@
+"""PyTorch references, one per norm, written as DESIGN.md section 1 reads. They are the test oracle.
+
+Inputs are (B, C, T) ("b c t"). Statistics are computed in float64 for float64 inputs (the oracle) and in
+float32 otherwise (the speed baseline of the benchmarks). Running sums are shifted by a constant K per
+sequence (and channel): the variance does not depend on K, and the shift keeps E[(x-K)^2] - (mu-K)^2 from
+cancelling catastrophically under a DC offset.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .state import NormState
+
+
+def decayed_cumsum(v: Tensor, d: float) -> Tensor:
+    """S_t = sum over tau <= t of d^(t - tau) * v_tau, along the last dim (d = 1: cumsum, d = 0: v)."""
+    if d == 1:
+        return v.cumsum(-1)
+    s, k = v, 1
+    while k < v.shape[-1]:  # doubling: after this step S_t sums frames t-2k+1 .. t
+        s = torch.cat([s[..., :k], s[..., k:] + d**k * s[..., :-k]], dim=-1)
+        k *= 2
+    return s
+
+
+def normalize(x, mu, var, weight, bias, eps, eps_mode):
+    """y = gamma (x - mu) / sqrt(var + eps) + beta, or / (sqrt(var) + eps) with eps_mode='outside'."""
+    if eps_mode == "inside":
+        y = (x - mu) / torch.sqrt(var + eps)
+    else:
+        y = (x - mu) / (var.clamp_min(torch.finfo(var.dtype).tiny).sqrt() + eps)
+    if weight is not None:
+        y = y * weight[:, None]
+    if bias is not None:
+        y = y + bias[:, None]
+    return y
+
+
+def _valid(x, lengths):
+    B, _, T = x.shape
+    if lengths is None:
+        return torch.ones(B, 1, T, dtype=torch.bool, device=x.device)
+    return (torch.arange(T, device=x.device) < lengths[:, None])[:, None, :]
+
+
+def running_norm(x, weight=None, bias=None, eps=1e-8, *, per_channel, decay, eps_mode="inside",
+                 lengths=None, state=None, return_state=False):
+    """The causal norms: frame tau weighs decay^(t - tau) in the statistics of frame t."""
+    y_dtype, sd = x.dtype, (torch.float64 if x.dtype == torch.float64 else torch.float32)
+    x = x.to(sd)
+    B, C, T = x.shape
+    valid = _valid(x, lengths)
+    n = 1 if per_channel else C  # channels per frame statistic
+    group = (lambda v: v) if per_channel else (lambda v: v.sum(1, keepdim=True))
+
+    K = group(x[..., :1]).detach() / n  # the shift: frame 0's mean
+    xk = torch.where(valid, x - K, 0)
+    S0 = decayed_cumsum(group(valid.to(sd).expand_as(x)), decay)  # total weight w_t
+    S1 = decayed_cumsum(group(xk), decay)  # sum of weights * (x - K)
+    S2 = decayed_cumsum(group(xk * xk), decay)  # sum of weights * (x - K)^2
+    if state is not None:  # the incoming state counts as frame -1
+        w0, m0, M0 = (t.to(sd).reshape(B, -1, 1) for t in state)
+        d_t = decay ** torch.arange(1, T + 1, device=x.device, dtype=sd)
+        S0 = S0 + d_t * w0
+        S1 = S1 + d_t * w0 * (m0 - K)
+        S2 = S2 + d_t * (M0 + w0 * (m0 - K) ** 2)
+
+    W = torch.where(S0 > 0, S0, 1)
+    mu = K + S1 / W
+    var = (S2 / W - (S1 / W) ** 2).clamp_min(0)
+    y = torch.where(valid, normalize(x, mu, var, weight, bias, eps, eps_mode), 0).to(y_dtype)
+    if not return_state:
+        return y
+
+    # the state after frame lengths[b] - 1 (the incoming state, or empty, where lengths[b] == 0)
+    last = torch.full((B,), T, device=x.device) if lengths is None else lengths.to(x.device)
+    idx = (last - 1).clamp_min(0).view(B, 1, 1).expand(B, S0.shape[1], 1)
+    w, m, m2 = (t.gather(2, idx)[..., 0] for t in (S0, mu, var * S0))
+    if state is None:
+        state = NormState.empty(w.shape, sd, x.device)
+    prev = [t.to(sd).reshape(w.shape) for t in state]
+    keep = (last == 0)[:, None]
+    w, m, m2 = (torch.where(keep, p, s) for p, s in zip(prev, (w, m, m2)))
+    if not per_channel:
+        w, m, m2 = w[:, 0], m[:, 0], m2[:, 0]
+    return y, NormState(w, m, m2)
+
+
+def global_norm(x, weight=None, bias=None, eps=1e-8, *, per_channel, eps_mode="inside", lengths=None):
+    """The non-causal norms: one mean and variance over all valid frames (and channels, when pooled)."""
+    y_dtype, sd = x.dtype, (torch.float64 if x.dtype == torch.float64 else torch.float32)
+    x = x.to(sd)
+    valid = _valid(x, lengths)
+    dims = (2,) if per_channel else (1, 2)
+    count = valid.to(sd).expand_as(x).sum(dims, keepdim=True)
+    count = torch.where(count > 0, count, 1)
+    mu = torch.where(valid, x, 0).sum(dims, keepdim=True) / count
+    var = torch.where(valid, (x - mu) ** 2, 0).sum(dims, keepdim=True) / count
+    return torch.where(valid, normalize(x, mu, var, weight, bias, eps, eps_mode), 0).to(y_dtype)
+
+
+def cln(x, weight=None, bias=None, eps=1e-8, **kw):
+    return running_norm(x, weight, bias, eps, per_channel=False, decay=1.0, **kw)
+
+
+def ccln(x, weight=None, bias=None, eps=1e-8, **kw):
+    return running_norm(x, weight, bias, eps, per_channel=True, decay=1.0, **kw)
+
+
+def emaln(x, weight=None, bias=None, eps=1e-8, *, decay=0.99, **kw):
+    return running_norm(x, weight, bias, eps, per_channel=False, decay=decay, **kw)
+
+
+def ccemaln(x, weight=None, bias=None, eps=1e-8, *, decay=0.99, **kw):
+    return running_norm(x, weight, bias, eps, per_channel=True, decay=decay, **kw)
+
+
+def frameln(x, weight=None, bias=None, eps=1e-8, **kw):
+    return running_norm(x, weight, bias, eps, per_channel=False, decay=0.0, **kw)
+
+
+def gln(x, weight=None, bias=None, eps=1e-8, **kw):
+    return global_norm(x, weight, bias, eps, per_channel=False, **kw)
+
+
+def instln(x, weight=None, bias=None, eps=1e-8, **kw):
+    return global_norm(x, weight, bias, eps, per_channel=True, **kw)
+
+
+REFERENCES = {f.__name__: f for f in (cln, ccln, gln, emaln, frameln, instln, ccemaln)}

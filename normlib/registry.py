@@ -1,0 +1,81 @@
+"""Names and aliases -> layer classes. Names are normalized: "cLN", "c_ln" and "cln" are one name."""
+from __future__ import annotations
+
+import functools
+
+from torch import nn
+
+from .modules import _CLASSES, layer_class
+from .spec import FAMILY, NormSpec
+
+_LAYERS: dict[str, type] = {}
+_DESCRIPTIONS: dict[str, str] = {}
+_ALIASES: dict[str, str] = {}
+
+
+def normalize_name(name: str) -> str:
+    return "".join(ch for ch in str(name).lower() if ch.isalnum())
+
+
+def register(name: str, target=None, *, aliases=(), description: str | None = None, overwrite=False):
+    """Add a norm: ``target`` is a :class:`NormSpec` (its layer class is made) or an ``nn.Module`` class.
+
+    Used without ``target`` it is a class decorator: ``@normlib.register("mynorm")``.
+    """
+    if target is None:
+        return lambda cls: register(name, cls, aliases=aliases, description=description, overwrite=overwrite)
+    key = normalize_name(name)
+    taken = [k for k in (key, *map(normalize_name, aliases)) if k in _LAYERS or k in _ALIASES]
+    if taken and not overwrite:
+        raise ValueError(f"norm name(s) {taken} already registered; pass overwrite=True to replace")
+    if isinstance(target, NormSpec):
+        cls, description = layer_class(target), description or target.description
+    elif isinstance(target, type) and issubclass(target, nn.Module):
+        cls = target
+    else:
+        raise TypeError(f"target must be a NormSpec or an nn.Module class, got {target!r}")
+    _LAYERS[key] = cls
+    _DESCRIPTIONS[key] = description or (cls.__doc__ or "").strip().split("\n")[0]
+    for a in aliases:
+        _ALIASES[normalize_name(a)] = key
+    return cls
+
+
+def resolve_name(name: str) -> str:
+    key = normalize_name(name)
+    key = _ALIASES.get(key, key)
+    if key not in _LAYERS:
+        known = ", ".join(sorted(_LAYERS))
+        alias = ", ".join(f"{a}->{k}" for a, k in sorted(_ALIASES.items()))
+        raise KeyError(f"unknown norm {name!r}; known norms: {known} (aliases: {alias})")
+    return key
+
+
+def get(name):
+    """The layer class for a name or alias; a class or ``functools.partial`` is returned as given."""
+    if isinstance(name, (type, functools.partial)):
+        return name
+    return _LAYERS[resolve_name(name)]
+
+
+def create(name, num_channels: int, **kwargs) -> nn.Module:
+    """An instance: ``create("cln", 64, eps=1e-5)``."""
+    return get(name)(num_channels, **kwargs)
+
+
+def available() -> dict[str, str]:
+    """Registered names with a one-line description."""
+    return dict(sorted(_DESCRIPTIONS.items()))
+
+
+def aliases() -> dict[str, str]:
+    return dict(_ALIASES)
+
+
+# Other toolkits' names. Trap: several call the per-frame norm "cLN"; here `cln` is the cumulative one.
+_FAMILY_ALIASES = {"cln": ("cumln", "cgln"), "frameln": ("chanln",), "instln": ("fgln",)}
+for _spec in FAMILY:
+    _LAYERS[_spec.name] = _CLASSES[_spec.name]
+    _DESCRIPTIONS[_spec.name] = _spec.description
+    for _a in _FAMILY_ALIASES.get(_spec.name, ()):
+        _ALIASES[_a] = _spec.name

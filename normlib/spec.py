@@ -1,0 +1,75 @@
+"""The family: every norm is a point of (channels pooled) x (time mode) x (decay)."""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class Pool(str, enum.Enum):
+    ALL = "all"  # statistics over all C channels of a frame
+    CHANNEL = "channel"  # statistics of each channel alone
+
+
+class TimeMode(str, enum.Enum):
+    FRAME = "frame"  # s_t = f_t
+    CUMULATIVE = "cumulative"  # s_t = merge_1(s_{t-1}, f_t)
+    EMA = "ema"  # s_t = merge_a(s_{t-1}, f_t)
+    GLOBAL = "global"  # one state over all valid frames
+
+
+@dataclass(frozen=True)
+class NormSpec:
+    """One norm of the family.
+
+    ``decay`` is the default EMA decay; FRAME and CUMULATIVE have a fixed decay (0 and 1), GLOBAL none.
+    """
+
+    name: str
+    pool: Pool
+    time: TimeMode
+    class_name: str
+    description: str
+    decay: float | None = None
+
+    def __post_init__(self):
+        if self.pool is Pool.CHANNEL and self.time is TimeMode.FRAME:
+            raise ValueError(
+                f"norm {self.name!r}: per-channel statistics of a single frame have zero variance; "
+                "pool='channel' with time='frame' is degenerate and refused"
+            )
+        if (self.time is TimeMode.EMA) != (self.decay is not None):
+            raise ValueError(f"norm {self.name!r}: a default decay is given exactly for time mode 'ema'")
+
+    @property
+    def causal(self) -> bool:
+        return self.time is not TimeMode.GLOBAL
+
+    @property
+    def per_channel(self) -> bool:
+        return self.pool is Pool.CHANNEL
+
+    def resolve_decay(self, decay: float | None) -> float | None:
+        """The decay the kernels use: 0 for FRAME, 1 for CUMULATIVE, alpha for EMA, None for GLOBAL."""
+        if self.time is TimeMode.EMA:
+            return self.decay if decay is None else decay
+        if decay is not None:
+            raise ValueError(f"decay is only accepted by EMA norms, not by {self.name!r} ({self.time.value})")
+        return {TimeMode.FRAME: 0.0, TimeMode.CUMULATIVE: 1.0, TimeMode.GLOBAL: None}[self.time]
+
+
+FAMILY = (
+    NormSpec("cln", Pool.ALL, TimeMode.CUMULATIVE, "CumulativeLayerNorm",
+             "cumulative layer norm: all channels, frames 0..t (Conv-TasNet cLN)"),
+    NormSpec("ccln", Pool.CHANNEL, TimeMode.CUMULATIVE, "ChannelCumulativeLayerNorm",
+             "channel-wise cumulative layer norm: each channel alone, frames 0..t"),
+    NormSpec("gln", Pool.ALL, TimeMode.GLOBAL, "GlobalLayerNorm",
+             "global layer norm: all channels, all frames (Conv-TasNet gLN, GroupNorm(1, C))"),
+    NormSpec("emaln", Pool.ALL, TimeMode.EMA, "EMALayerNorm",
+             "exponential-moving-average layer norm: all channels, frame tau weighs decay^(t-tau)", decay=0.99),
+    NormSpec("frameln", Pool.ALL, TimeMode.FRAME, "FrameLayerNorm",
+             "per-frame layer norm over channels (LayerNorm(C) on 'b t c')"),
+    NormSpec("instln", Pool.CHANNEL, TimeMode.GLOBAL, "InstanceLayerNorm",
+             "instance norm: each channel alone, all frames (InstanceNorm1d(C, affine=True))"),
+    NormSpec("ccemaln", Pool.CHANNEL, TimeMode.EMA, "ChannelEMALayerNorm",
+             "channel-wise EMA layer norm: each channel alone, frame tau weighs decay^(t-tau)", decay=0.99),
+)
