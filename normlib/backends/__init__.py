@@ -14,6 +14,12 @@ import torch
 from . import pytorch
 
 BACKENDS = {"torch": pytorch.forward}
+try:  # triton is optional: absent on macOS and Windows
+    from . import triton as _triton_backend
+
+    BACKENDS["triton"] = _triton_backend.forward
+except ImportError:  # pragma: no cover
+    pass
 NAMES = ("auto", "torch", "triton")
 
 
@@ -27,7 +33,8 @@ def triton_usable(x: torch.Tensor) -> bool:
 def resolve(backend: str, x: torch.Tensor):
     """The one dispatch point: the backend's forward for this input."""
     if backend == "auto":
-        return BACKENDS["triton" if x.is_cuda and triton_usable(x) else "torch"]
+        use = x.is_cuda and x.dtype != torch.float64 and triton_usable(x)
+        return BACKENDS["triton" if use else "torch"]
     if backend == "triton" and not triton_usable(x):
         raise ValueError(
             f"backend='triton' needs a CUDA tensor (or TRITON_INTERPRET=1 for CPU tensors) and the triton "
