@@ -14,9 +14,7 @@ EPS_MODES = ("inside", "outside")
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-def stats_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Statistics (and states) are float32, float64 for float64 inputs."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
+STATE_DTYPE = torch.float64  # states keep the mean in float64 so chunking loses no digits to a DC offset
 
 
 def normalize_layout(layout: str) -> str:
@@ -50,6 +48,8 @@ def check_options(spec: NormSpec, eps, eps_mode, decay, layout, backend):
         if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0.0 <= decay <= 1.0:
             raise ValueError(f"decay must be a number in [0, 1], got {decay!r}")
         decay = float(decay)
+        if decay == 0 and spec.per_channel:
+            raise ValueError(f"decay=0 makes {spec.name!r} a per-channel single-frame norm (variance 0): refused")
     return decay, layout
 
 
@@ -100,13 +100,12 @@ def check_inputs(spec: NormSpec, x, weight, bias, eps, eps_mode, decay, lengths,
         if not isinstance(state, NormState):
             raise TypeError(f"state must be a normlib.NormState, got {type(state).__name__}")
         want = (B, C) if spec.per_channel else (B,)
-        sd = stats_dtype(x.dtype)
         for field, t in zip(NormState._fields, state):
             if not isinstance(t, torch.Tensor) or t.shape != want:
                 raise ValueError(f"state.{field} must have shape {want} for {spec.name!r} on this input, "
                                  f"got {tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
-            if t.dtype != sd:
-                raise TypeError(f"state.{field} must be {sd} for a {x.dtype} input, got {t.dtype}")
+            if t.dtype != STATE_DTYPE:
+                raise TypeError(f"state.{field} must be {STATE_DTYPE}, got {t.dtype}")
             if t.device != x.device:
                 raise ValueError(f"state.{field} is on {t.device} but x is on {x.device}")
     return Checked(xv, lengths, decay, layout)

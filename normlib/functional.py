@@ -11,7 +11,12 @@ from .spec import FAMILY, NormSpec
 def norm(spec: NormSpec, x: torch.Tensor, weight=None, bias=None, eps: float = 1e-8, *, eps_mode="inside",
          decay=None, layout="b c t", lengths=None, state=None, return_state=False, backend="auto",
          num_channels=None):
-    """Normalize ``x`` with the norm ``spec``; returns ``y``, or ``(y, state)`` with ``return_state``."""
+    """Normalize ``x`` with the norm ``spec`` (a NormSpec or a registered name); returns ``y``, or
+    ``(y, state)`` with ``return_state``."""
+    if isinstance(spec, str):
+        from .registry import get
+
+        spec = get(spec).spec
     c = check_inputs(spec, x, weight, bias, eps, eps_mode, decay, lengths, state, return_state, layout,
                      backend, num_channels)
     forward = backends.resolve(backend, x)

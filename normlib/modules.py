@@ -52,14 +52,8 @@ class NormLayer(nn.Module):
         self.decay = decay if self.spec.time is TimeMode.EMA else None
         self.eps, self.eps_mode, self.backend = eps, eps_mode, backend
         self.elementwise_affine = elementwise_affine
-        if elementwise_affine:
-            self.weight = nn.Parameter(torch.empty(num_channels, **factory_kwargs))
-            self.bias = nn.Parameter(torch.empty(num_channels, **factory_kwargs)) if bias else None
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
-        if self.bias is None:
-            self.register_parameter("bias", None)
+        self.weight = nn.Parameter(torch.empty(num_channels, **factory_kwargs)) if elementwise_affine else None
+        self.bias = nn.Parameter(torch.empty(num_channels, **factory_kwargs)) if elementwise_affine and bias else None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

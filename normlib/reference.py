@@ -54,13 +54,14 @@ def running_norm(x, weight=None, bias=None, eps=1e-8, *, per_channel, decay, eps
     n = 1 if per_channel else C  # channels per frame statistic
     group = (lambda v: v) if per_channel else (lambda v: v.sum(1, keepdim=True))
 
+    x = torch.where(valid, x, 0)  # padding is never read, not even as NaN
     K = group(x[..., :1]).detach() / n  # the shift: frame 0's mean
     xk = torch.where(valid, x - K, 0)
     S0 = decayed_cumsum(group(valid.to(sd).expand_as(x)), decay)  # total weight w_t
     S1 = decayed_cumsum(group(xk), decay)  # sum of weights * (x - K)
     S2 = decayed_cumsum(group(xk * xk), decay)  # sum of weights * (x - K)^2
     if state is not None:  # the incoming state counts as frame -1
-        w0, m0, M0 = (t.to(sd).reshape(B, -1, 1) for t in state)
+        w0, m0, M0 = (t.reshape(B, -1, 1).to(sd) for t in state)
         d_t = decay ** torch.arange(1, T + 1, device=x.device, dtype=sd)
         S0 = S0 + d_t * w0
         S1 = S1 + d_t * w0 * (m0 - K)
@@ -76,10 +77,10 @@ def running_norm(x, weight=None, bias=None, eps=1e-8, *, per_channel, decay, eps
     # the state after frame lengths[b] - 1 (the incoming state, or empty, where lengths[b] == 0)
     last = torch.full((B,), T, device=x.device) if lengths is None else lengths.to(x.device)
     idx = (last - 1).clamp_min(0).view(B, 1, 1).expand(B, S0.shape[1], 1)
-    w, m, m2 = (t.gather(2, idx)[..., 0] for t in (S0, mu, var * S0))
+    w, m, m2 = (t.gather(2, idx)[..., 0].double() for t in (S0, mu, var * S0))
     if state is None:
-        state = NormState.empty(w.shape, sd, x.device)
-    prev = [t.to(sd).reshape(w.shape) for t in state]
+        state = NormState.empty(w.shape, torch.float64, x.device)
+    prev = [t.reshape(w.shape) for t in state]
     keep = (last == 0)[:, None]
     w, m, m2 = (torch.where(keep, p, s) for p, s in zip(prev, (w, m, m2)))
     if not per_channel:
@@ -90,8 +91,8 @@ def running_norm(x, weight=None, bias=None, eps=1e-8, *, per_channel, decay, eps
 def global_norm(x, weight=None, bias=None, eps=1e-8, *, per_channel, eps_mode="inside", lengths=None):
     """The non-causal norms: one mean and variance over all valid frames (and channels, when pooled)."""
     y_dtype, sd = x.dtype, (torch.float64 if x.dtype == torch.float64 else torch.float32)
-    x = x.to(sd)
     valid = _valid(x, lengths)
+    x = torch.where(valid, x.to(sd), 0)
     dims = (2,) if per_channel else (1, 2)
     count = valid.to(sd).expand_as(x).sum(dims, keepdim=True)
     count = torch.where(count > 0, count, 1)

@@ -12,7 +12,7 @@ class NormState(NamedTuple):
     squared deviations ``m2`` (so the variance is ``m2 / w``).
 
     Each field has shape (B,) for norms that pool all channels and (B, C) for per-channel norms, in
-    float32 (float64 for float64 inputs). A state can be saved with ``torch.save``, moved with ``.to()``,
+    float64 whatever the input dtype: a float32 mean would cost a chunked stream digits under a DC offset. A state can be saved with ``torch.save``, moved with ``.to()``,
     detached, and differentiated through (for truncated back-propagation through time).
     """
 
@@ -21,7 +21,7 @@ class NormState(NamedTuple):
     m2: Tensor
 
     @classmethod
-    def empty(cls, shape, dtype=torch.float32, device=None) -> NormState:
+    def empty(cls, shape, dtype=torch.float64, device=None) -> NormState:
         """The state before any frame: weight 0."""
         z = torch.zeros(shape, dtype=dtype, device=device)
         return cls(z, z.clone(), z.clone())

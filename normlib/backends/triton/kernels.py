@@ -55,6 +55,19 @@ def _group_sum(v, POOL_ALL: tl.constexpr):
 
 
 @triton.jit
+def _scan(w, m, q, d, N: tl.constexpr, SC: tl.constexpr, AXIS: tl.constexpr):
+    """Inclusive merge-scan of [N, SC] (AXIS 0) or [SC, N] (AXIS 1) summaries. With SC == 1 it scans a
+    1D vector: Triton 3.6's scan lowering asserts on some layouts of a unit dim."""
+    if SC == 1:
+        w, m, q, d = tl.associative_scan((tl.reshape(w, [N]), tl.reshape(m, [N]), tl.reshape(q, [N]),
+                                          tl.reshape(d, [N])), axis=0, combine_fn=merge)
+        shape: tl.constexpr = [N, 1] if AXIS == 0 else [1, N]
+        return tl.reshape(w, shape), tl.reshape(m, shape), tl.reshape(q, shape), tl.reshape(d, shape)
+    else:
+        return tl.associative_scan((w, m, q, d), axis=AXIS, combine_fn=merge)
+
+
+@triton.jit
 def _pick_last(v, is_last):
     """v[..., BLOCK_T-1] of a [SC, BLOCK_T] tensor as [SC]."""
     return tl.sum(tl.where(is_last, v, 0.0), axis=1)
@@ -103,7 +116,7 @@ def _lookback(ws_ptr, rec0, tile, tag, log2d, offs_s, SC: tl.constexpr, BLOCK_T:
             sm = tl.where(keep, tl.where(use_inc, im, am), 0.0)
             sq = tl.where(keep, tl.where(use_inc, iq, aq), 0.0)
             sd = tl.where(keep & (offs_w > k)[:, None], d_tile, 1.0) + tl.zeros([WINDOW, SC], tl.float32)
-            sw, sm, sq, sd = tl.associative_scan((sw, sm, sq, sd), axis=0, combine_fn=merge)
+            sw, sm, sq, sd = _scan(sw, sm, sq, sd, WINDOW, SC, 0)
             last = (offs_w == WINDOW - 1)[:, None]
             tw = tl.sum(tl.where(last, sw, 0.0), axis=0)
             tm = tl.sum(tl.where(last, sm, 0.0), axis=0)
@@ -124,8 +137,8 @@ def running_norm_fwd(
     w_ptr,  # [C] affine weight
     b_ptr,  # [C] affine bias
     len_ptr,  # [B] int64 lengths
-    sin_ptr,  # [3, B, C or 1] float32 incoming state (w, m, M2)
-    sout_ptr,  # [3, B, C or 1] float32 outgoing state
+    sin_ptr,  # [3, B, C or 1] float64 incoming state (w, m, M2)
+    sout_ptr,  # [3, B, C or 1] float64 outgoing state
     mean_ptr,  # [B, T] float32 mean - K (pooled norms, for the backward)
     rstd_ptr,  # [B, T] float32 1/std (pooled norms, for the backward)
     ws_ptr,  # int64 look-back records, or float32 GLOBAL span summaries [B, NCB, NSPAN, 3, SC]
@@ -178,7 +191,7 @@ def running_norm_fwd(
 
     # ---- the shift K: [SC, 1], frame 0's mean (pooled) or value (per channel), or the state's mean
     if HAS_SIN:
-        K = tl.load(sin_ptr + NS + s_off, mask=s_ok, other=0.0)[:, None]
+        K = tl.load(sin_ptr + NS + s_off, mask=s_ok, other=0.0).to(tl.float32)[:, None]
     else:
         x0 = tl.load(x_ptr + b64 * sxb + offs_c.to(tl.int64)[:, None] * sxc, mask=m_c[:, None], other=0.0)
         K = _group_sum(x0.to(tl.float32), POOL_ALL)
@@ -227,7 +240,7 @@ def running_norm_fwd(
             jm = tl.load(pj + 1 * SC, mask=mj, other=0.0)
             jq = tl.load(pj + 2 * SC, mask=mj, other=0.0)
             jd = tl.full([WINDOW, SC], 1.0, tl.float32)
-            jw, jm, jq, jd = tl.associative_scan((jw, jm, jq, jd), axis=0, combine_fn=merge)
+            jw, jm, jq, jd = _scan(jw, jm, jq, jd, WINDOW, SC, 0)
             lastj = (tl.arange(0, WINDOW) == WINDOW - 1)[:, None]
             mw, mm, mq, _ = merge(mw, mm, mq, 1.0, tl.sum(tl.where(lastj, jw, 0.0), axis=0),
                                   tl.sum(tl.where(lastj, jm, 0.0), axis=0),
@@ -244,7 +257,7 @@ def running_norm_fwd(
             sw, sm, sq = fn, fm, fq
         else:
             fd = tl.exp2(log2d) + tl.zeros([SC, BLOCK_T], tl.float32)  # per-frame decay
-            sw, sm, sq, sd = tl.associative_scan((fn, fm, fq, fd), axis=1, combine_fn=merge)
+            sw, sm, sq, sd = _scan(fn, fm, fq, fd, BLOCK_T, SC, 1)
             # this tile's aggregate; its prefix from the incoming state (tile 0) or the look-back
             aw, am, aq = _pick_last(sw, is_last), _pick_last(sm, is_last), _pick_last(sq, is_last)
             rec0 = (b64 * NCB + cb) * NT * (6 * SC)
@@ -253,9 +266,11 @@ def running_norm_fwd(
                 pw = tl.zeros([SC], dtype=tl.float32)
                 pm = tl.zeros([SC], dtype=tl.float32)
                 pq = tl.zeros([SC], dtype=tl.float32)
-                if HAS_SIN:  # its mean relative to K is 0: K is the state's mean
-                    pw = tl.load(sin_ptr + s_off, mask=s_ok, other=0.0)
-                    pq = tl.load(sin_ptr + 2 * NS + s_off, mask=s_ok, other=0.0)
+                if HAS_SIN:  # the state's mean relative to K = float32(state mean): a rounding residue
+                    pw = tl.load(sin_ptr + s_off, mask=s_ok, other=0.0).to(tl.float32)
+                    m64 = tl.load(sin_ptr + NS + s_off, mask=s_ok, other=0.0)
+                    pm = (m64 - m64.to(tl.float32).to(tl.float64)).to(tl.float32)
+                    pq = tl.load(sin_ptr + 2 * NS + s_off, mask=s_ok, other=0.0).to(tl.float32)
             else:
                 tl.store(prec + 0 * SC, _pack(aw, tag))
                 tl.store(prec + 1 * SC, _pack(am, tag))
@@ -296,6 +311,6 @@ def running_norm_fwd(
         oq = tl.sum(tl.where(at, sq, 0.0), axis=1)
         hit = (t0 <= length - 1) & (length - 1 < t0 + BLOCK_T)
         if hit:
-            tl.store(sout_ptr + s_off, ow, mask=s_ok)
-            tl.store(sout_ptr + NS + s_off, om + tl.sum(K, axis=1), mask=s_ok)
-            tl.store(sout_ptr + 2 * NS + s_off, oq, mask=s_ok)
+            tl.store(sout_ptr + s_off, ow.to(tl.float64), mask=s_ok)
+            tl.store(sout_ptr + NS + s_off, om.to(tl.float64) + tl.sum(K, axis=1).to(tl.float64), mask=s_ok)
+            tl.store(sout_ptr + 2 * NS + s_off, oq.to(tl.float64), mask=s_ok)

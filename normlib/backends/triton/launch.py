@@ -79,8 +79,8 @@ def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mod
     NSC = C if per_channel else 1
     sout = None
     if return_state:
-        sout = (torch.stack(list(state)).reshape(3, B, NSC).float().clone() if state is not None
-                else torch.zeros(3, B, NSC, dtype=torch.float32, device=dev))
+        sout = (torch.stack(list(state)).reshape(3, B, NSC).clone() if state is not None
+                else torch.zeros(3, B, NSC, dtype=torch.float64, device=dev))
     stats = (torch.empty(2, B, T, dtype=torch.float32, device=dev) if save_stats and not per_channel else None)
     if B == 0 or C == 0 or T == 0:
         return y.zero_(), (None if sout is None else _state(sout, per_channel)), stats
