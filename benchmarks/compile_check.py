@@ -17,12 +17,13 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from normlib.backends.triton import launch
-from normlib.backends.triton.kernels import running_norm_fwd
+from normlib.backends.triton.kernels import running_norm_bwd, running_norm_fwd
 
 SHAPES = [(16, 512, 16000), (2, 256, 64000), (1, 128, 256000), (4, 512, 4000), (80, 64, 301), (64, 128, 500),
           (3, 50, 1001), (2, 64, 1)]
-PTR = {"x_ptr": "X", "y_ptr": "X", "w_ptr": "*fp32", "b_ptr": "*fp32", "len_ptr": "*i64", "sin_ptr": "*fp64",
-       "sout_ptr": "*fp64", "mean_ptr": "*fp32", "rstd_ptr": "*fp32", "ws_ptr": "WS", "ctr_ptr": "*i64"}
+PTR = {"x_ptr": "X", "y_ptr": "X", "gy_ptr": "X", "gx_ptr": "X", "w_ptr": "*fp32", "b_ptr": "*fp32",
+       "len_ptr": "*i64", "sin_ptr": "*fp64", "sout_ptr": "*fp64", "gsout_ptr": "*fp64", "gsin_ptr": "*fp64",
+       "pre_ptr": "*fp32", "gwp_ptr": "*fp32", "gbp_ptr": "*fp32", "ws_ptr": "WS", "ctr_ptr": "*i64"}
 
 
 def configs():
@@ -30,25 +31,27 @@ def configs():
     for (B, C, T), last, pc, mode, dt, full in itertools.product(
             SHAPES, (False, True), (False, True), (0, 1, 2, 3), ("fp32", "bf16"), (False, True)):
         bc, bt, warps = launch.choose_tiles(C, T, pc, last, None)
-        ints = dict(sxb=C * T, sxc=1 if last else T, sxt=C if last else 1, syb=C * T, syc=1 if last else T,
-                    syt=C if last else 1, B=B, C=C, T=T, NCB=triton.cdiv(C, bc) if pc else 1,
+        st = dict(b=C * T, c=1 if last else T, t=C if last else 1)
+        ints = dict(**{f"s{a}{k}": v for a in "xygd" for k, v in st.items()}, B=B, C=C, T=T, NCB=triton.cdiv(C, bc) if pc else 1,
                     NT=triton.cdiv(T, bt), NSPAN=3)
         causal = mode != 3
         for phase in ((1, 2) if mode == 3 else (0,)):
-            const = dict(POOL_ALL=not pc, MODE=mode, PHASE=phase, HAS_W=full, HAS_B=full, HAS_LEN=full,
-                         HAS_SIN=full and causal and mode != 0, STORE_SOUT=full and causal,
-                         STORE_STATS=full and not pc, EPS_OUTSIDE=full, BLOCK_C=bc, BLOCK_T=bt, SPAN=2,
-                         WINDOW=32 if not pc else 8, AGG_ONLY=False)
-            key = (tuple(sorted(const.items())), dt, warps,
-                   tuple((k, v == 1, v % 16 == 0) for k, v in sorted(ints.items())))
-            if key not in seen:
-                seen.add(key)
-                yield const, ints, dt, warps, phase == 1
+            common = dict(POOL_ALL=not pc, MODE=mode, PHASE=phase, HAS_W=full, HAS_LEN=full,
+                          HAS_SIN=full and causal and mode != 0, EPS_OUTSIDE=full, BLOCK_C=bc, BLOCK_T=bt,
+                          SPAN=2, WINDOW=32 if not pc else 8, AGG_ONLY=False)
+            for kernel, const in (
+                    (running_norm_fwd, dict(common, HAS_B=full, STORE_SOUT=full and causal, STORE_PREFIX=full)),
+                    (running_norm_bwd, dict(common, HAS_GSOUT=full and causal, STORE_GW=full))):
+                key = (kernel.fn.__name__, tuple(sorted(const.items())), dt, warps,
+                       tuple((k, v == 1, v % 16 == 0) for k, v in sorted(ints.items())))
+                if key not in seen:
+                    seen.add(key)
+                    yield kernel, const, ints, dt, warps, phase == 1
 
 
 def compile_one(args):
-    const, ints, dt, warps, phase1 = args
-    names = list(inspect.signature(running_norm_fwd.fn).parameters)
+    kernel, const, ints, dt, warps, phase1 = args
+    names = list(inspect.signature(kernel.fn).parameters)
     sig, c, attrs = {}, dict(const), {}
     for i, n in enumerate(names):
         if n in c:
@@ -65,7 +68,7 @@ def compile_one(args):
             sig[n] = "i32"
             if ints[n] % 16 == 0:
                 attrs[(i,)] = [["tt.divisibility", 16]]
-    src = ASTSource(fn=running_norm_fwd, signature=sig, constexprs=c, attrs=attrs)
+    src = ASTSource(fn=kernel, signature=sig, constexprs=c, attrs=attrs)
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
     return k.metadata.shared
 
@@ -80,8 +83,11 @@ def _child(args, q):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--limit", type=int, default=0, help="compile only every n-th specialization")
     a = p.parse_args()
     todo = list(configs())
+    if a.limit:
+        todo = todo[::a.limit]
     print(f"triton {triton.__version__}: {len(todo)} specializations", flush=True)
     bad = 0
     ctx = mp.get_context("fork")
@@ -97,8 +103,8 @@ def main():
             res = q.get() if pr.exitcode == 0 else ("crash", f"exit code {pr.exitcode}")
             if res[0] != "ok":
                 bad += 1
-                const, ints, dt, warps, _ = args
-                print("FAIL", res, dt, warps, {k: const[k] for k in ("POOL_ALL", "MODE", "PHASE", "BLOCK_C",
+                kernel, const, ints, dt, warps, _ = args
+                print("FAIL", kernel.fn.__name__, res, dt, warps, {k: const[k] for k in ("POOL_ALL", "MODE", "PHASE", "BLOCK_C",
                                                                        "BLOCK_T", "HAS_SIN")},
                       "channels-last" if ints["sxc"] == 1 else "b c t", flush=True)
     print(f"{bad} of {len(todo)} failed")

@@ -103,6 +103,55 @@ def run_checks(quick):
             e = rel(torch.cat(parts, -1), whole)
             check(f"stream {name} {layout!r}", e < 1e-5, f"{e:.1e}")
 
+    print("== gradients against autograd of the float64 reference; determinism", flush=True)
+    shapes = [(3, 50, 1001), (4, 512, 4000)] if not quick else [(3, 50, 1001)]
+    for (B, C, T) in shapes:
+        for dn in ("fp32", "bf16"):
+            dt = DTYPES[dn]
+            for layout in ("b c t", "b t c"):
+                x = make(B, C, T, dt, layout, offset=1.0, seed=5)
+                gy = make(B, C, T, dt, layout, seed=6)
+                w = (1 + 0.1 * torch.randn(C, device="cuda")).requires_grad_()
+                b = torch.randn(C, device="cuda").requires_grad_()
+                lengths = torch.randint(1, T + 1, (B,), device="cuda")
+                lengths[0] = T
+                for name in NORMS:
+                    spec = spec_of(name)
+                    st = None
+                    if spec.causal and spec.time.value != "frame":
+                        shp = (B, C) if spec.per_channel else (B,)
+                        st = normlib.NormState(torch.full(shp, 50.0, device="cuda", dtype=torch.float64),
+                                               torch.randn(shp, device="cuda", dtype=torch.float64),
+                                               torch.rand(shp, device="cuda", dtype=torch.float64) * 60)
+                        st = normlib.NormState(*(t.requires_grad_() for t in st))
+                    ins = [t for t in (w, b, *(st or ())) if t is not None]
+                    xg = x.detach().requires_grad_()
+                    grads = []
+                    for _ in range(2):
+                        out = norm(spec, xg, w, b, lengths=lengths, state=st, layout=layout, backend="triton",
+                                   return_state=st is not None)
+                        y = out[0] if st is not None else out
+                        loss = (y.float() * gy.float()).sum() + (out[1].m.sum() * 0.5 if st is not None else 0)
+                        grads.append(torch.autograd.grad(loss, [xg] + ins))
+                    same = all(torch.equal(p_, q_) for p_, q_ in zip(*grads))
+                    xr = as_bct(x, layout).double().requires_grad_()
+                    wr, br = w.detach().double().requires_grad_(), b.detach().double().requires_grad_()
+                    sr = None if st is None else normlib.NormState(*(t.detach().clone().requires_grad_() for t in st))
+                    kw = dict(lengths=lengths)
+                    if st is not None:
+                        yr, so = R.REFERENCES[name](xr, wr, br, state=sr, return_state=True, **kw)
+                        lr = (yr * as_bct(gy, layout).double()).sum() + so.m.sum() * 0.5
+                    else:
+                        yr = R.REFERENCES[name](xr, wr, br, **kw)
+                        lr = (yr * as_bct(gy, layout).double()).sum()
+                    ref_g = torch.autograd.grad(lr, [xr, wr, br] + ([] if sr is None else list(sr)))
+                    got = [as_bct(grads[0][0], layout)] + list(grads[0][1:])
+                    errs = [rel(a_, b_) for a_, b_ in zip(got, ref_g)]
+                    tol = 1e-4 if dt == torch.float32 else 3e-2
+                    ok = same and all(e < tol for e in errs[:3]) and all(e < 1e-3 if dt == torch.float32 else 5e-2 for e in errs[3:])
+                    check(f"grad {name} {dn} {layout!r} B{B}-C{C}-T{T}", ok,
+                          "dx dw db dstate " + " ".join(f"{e:.1e}" for e in errs) + ("" if same else " NOT DETERMINISTIC"))
+
     print("== DC offset 1e4, fp32", flush=True)
     x = make(4, 256, 20000, torch.float32, "b c t", offset=1e4, seed=3)
     for name in NORMS:
@@ -124,53 +173,74 @@ def run_checks(quick):
     torch.cuda.empty_cache()
 
 
-def bench(quick, compile_ref):
-    print("== forward timings (median of do_bench, L2 flushed); ratios are copy_time / time", flush=True)
+def _t(fn):
+    return do_bench(fn, warmup=10, rep=60, return_mode="median")
+
+
+def bench(quick, stage):
+    """stage "eager": normlib, the eager reference and the copy; stage "compile": torch.compile of the
+    reference. Times in ms: forward, backward alone (normlib), and a training step (forward + backward)."""
+    print(f"== timings ({stage}), median of do_bench with the L2 flushed", flush=True)
     rows = []
     shapes = LARGE + SMALL if not quick else [LARGE[0], SMALL[0]]
     for (B, C, T) in shapes:
         for dn in ("fp32", "bf16"):
             dt = DTYPES[dn]
-            for layout in ("b c t", "b t c"):
+            for layout in (("b c t", "b t c") if stage == "eager" else ("b c t",)):
                 x = make(B, C, T, dt, layout, seed=1)
-                nbytes = 2 * x.numel() * x.element_size()
-                t_copy = do_bench(lambda: x.clone(), return_mode="median")
-                w = torch.ones(C, device="cuda", dtype=torch.float32)
-                b = torch.zeros(C, device="cuda", dtype=torch.float32)
+                gy = make(B, C, T, dt, layout, seed=2)
+                xr, gyr = as_bct(x, layout), as_bct(gy, layout)
+                t_copy = _t(lambda: x.clone())
+                w = torch.ones(C, device="cuda", requires_grad=True)
+                b = torch.zeros(C, device="cuda", requires_grad=True)
+                xg = x.detach().requires_grad_()
+                xrg = xr.detach().requires_grad_()
                 for name in NORMS:
-                    spec = spec_of(name)
-                    f = lambda: norm(spec, x, w, b, layout=layout, backend="triton")  # noqa: E731
-                    t_nl = do_bench(f, return_mode="median")
-                    xr = as_bct(x, layout)
-                    ref = R.REFERENCES[name]
-                    t_eager = do_bench(lambda: ref(xr, w, b), return_mode="median")
-                    t_comp = float("nan")
-                    if compile_ref and layout == "b c t":
+                    spec, ref = spec_of(name), R.REFERENCES[name]
+                    row = dict(norm=name, B=B, C=C, T=T, dtype=dn, layout=layout, copy_ms=t_copy)
+                    if stage == "eager":
+                        with torch.no_grad():
+                            row["fwd"] = _t(lambda: norm(spec, x, w, b, layout=layout, backend="triton"))
+                            row["ref_fwd"] = _t(lambda: ref(xr, w, b))
+                        y = norm(spec, xg, w, b, layout=layout, backend="triton")
+                        row["bwd"] = _t(lambda: torch.autograd.grad(y, (xg, w, b), gy, retain_graph=True))
+                        del y
+                        row["step"] = _t(lambda: torch.autograd.grad(
+                            norm(spec, xg, w, b, layout=layout, backend="triton"), (xg, w, b), gy))
+                        row["ref_step"] = _t(lambda: torch.autograd.grad(ref(xrg, w, b), (xrg, w, b), gyr))
+                    else:
                         torch._dynamo.reset()
-                        cf = torch.compile(lambda v: ref(v, w, b))
+                        cf = torch.compile(ref)
                         try:
-                            cf(xr)
-                            t_comp = do_bench(lambda: cf(xr), return_mode="median")
+                            with torch.no_grad():
+                                cf(xr, w, b)
+                                row["cmp_fwd"] = _t(lambda: cf(xr, w, b))
+                            torch.autograd.grad(cf(xrg, w, b), (xrg, w, b), gyr)
+                            row["cmp_step"] = _t(lambda: torch.autograd.grad(cf(xrg, w, b), (xrg, w, b), gyr))
                         except Exception as exc:  # pragma: no cover
-                            print("compile failed", name, exc)
-                    row = dict(norm=name, B=B, C=C, T=T, dtype=dn, layout=layout, ms=t_nl, copy_ms=t_copy,
-                               eager_ms=t_eager, compile_ms=t_comp, gbps=nbytes / t_nl / 1e6)
+                            print("  compile failed", name, type(exc).__name__, str(exc)[:200], flush=True)
                     rows.append(row)
-                    print(f"  {name:8s} {B:3d}x{C:4d}x{T:6d} {dn} {layout!r}: {t_nl*1e3:8.1f} us "
-                          f"{row['gbps']:7.0f} GB/s  copy x{t_copy/t_nl:.2f}  eager x{t_copy/t_eager:.2f}  "
-                          f"compile x{t_copy/t_comp:.2f}  vs compile {t_comp/t_nl:.2f}x", flush=True)
-                del x
+                    print("  " + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                          for k, v in row.items()), flush=True)
+                del x, gy, xg, xr, gyr, xrg
+                torch.cuda.empty_cache()
     return rows
 
 
-def table(rows):
-    lines = ["| norm | B, C, T | dtype | layout | normlib µs | GB/s | ÷ copy | eager ÷ copy | compile ÷ copy | speed-up vs compile |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+def table(rows, compiled=()):
+    """Markdown: ratios to the copy of the same bytes (forward 2N, backward 3N, step 5N moved)."""
+    cmp = {(r["norm"], r["B"], r["C"], r["T"], r["dtype"]): r for r in compiled}
+    lines = ["| norm | B, C, T | dtype | layout | fwd µs | fwd ÷ copy | eager ÷ copy | compile ÷ copy | "
+             "fwd vs compile | bwd ÷ copy | step ÷ copy | step vs eager | step vs compile |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         c = r["copy_ms"]
-        lines.append(f"| {r['norm']} | {r['B']}, {r['C']}, {r['T']} | {r['dtype']} | {r['layout']} | "
-                     f"{r['ms']*1e3:.1f} | {r['gbps']:.0f} | {c/r['ms']:.2f} | {c/r['eager_ms']:.2f} | "
-                     f"{c/r['compile_ms']:.2f} | {r['compile_ms']/r['ms']:.2f} |")
+        k = cmp.get((r["norm"], r["B"], r["C"], r["T"], r["dtype"]), {})
+        cf, cs = k.get("cmp_fwd", float("nan")), k.get("cmp_step", float("nan"))
+        lines.append(
+            f"| {r['norm']} | {r['B']}, {r['C']}, {r['T']} | {r['dtype']} | {r['layout']} | {r['fwd']*1e3:.1f} | "
+            f"{c/r['fwd']:.2f} | {c/r['ref_fwd']:.2f} | {c/cf:.2f} | {cf/r['fwd']:.2f} | "
+            f"{1.5*c/r['bwd']:.2f} | {2.5*c/r['step']:.2f} | {r['ref_step']/r['step']:.2f} | {cs/r['step']:.2f} |")
     return "\n".join(lines)
 
 
@@ -178,25 +248,29 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--commit", default=os.environ.get("NORMLIB_COMMIT", "unknown"))
     p.add_argument("--out", default=os.environ.get("OUT", "."))
-    p.add_argument("--no-compile", action="store_true")
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--skip-checks", action="store_true")
-    p.add_argument("--skip-bench", action="store_true")
+    p.add_argument("--stages", default="checks,eager,compile", help="any of checks, eager, compile")
     a = p.parse_args()
+    stages = a.stages.split(",")
     assert torch.cuda.is_available(), "gpu_report needs a CUDA GPU"
     head = (f"date {datetime.date.today()}, commit {a.commit}, GPU {torch.cuda.get_device_name()}, "
             f"torch {torch.__version__}, triton {triton.__version__}, python {sys.version.split()[0]}")
     print(head, flush=True)
     t0 = time.time()
-    if not a.skip_checks:
-        run_checks(a.quick)
-    rows = [] if a.skip_bench else bench(a.quick, not a.no_compile)
-    md = head + "\n\n" + table(rows) + "\n"
     os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "report.md"), "w") as f:
-        f.write(md)
-    with open(os.path.join(a.out, "report.json"), "w") as f:
-        json.dump(dict(head=head, rows=rows, fails=FAILS), f)
+    if "checks" in stages:
+        run_checks(a.quick)
+    result = dict(head=head, fails=FAILS)
+    for stage in ("eager", "compile"):
+        if stage in stages:
+            result[stage] = bench(a.quick, stage)
+            with open(os.path.join(a.out, f"report-{stage}.json"), "w") as f:
+                json.dump(dict(result, rows=result[stage]), f)
+    if "eager" in stages:
+        md = head + "\n\n" + table(result["eager"], result.get("compile", ())) + "\n"
+        with open(os.path.join(a.out, "report.md"), "w") as f:
+            f.write(md)
+        print(md)
     print(f"\n{len(FAILS)} check(s) failed" + "".join(f"\n  {s}" for s in FAILS))
     print(f"total {time.time() - t0:.0f} s")
     return 1 if FAILS else 0

@@ -50,6 +50,9 @@ def running_norm(x, weight=None, bias=None, eps=1e-8, *, per_channel, decay, eps
     y_dtype, sd = x.dtype, (torch.float64 if x.dtype == torch.float64 else torch.float32)
     x = x.to(sd)
     B, C, T = x.shape
+    if T == 0:  # no frame: the state passes through
+        empty = NormState.empty((B, C) if per_channel else (B,), device=x.device)
+        return (x.to(y_dtype), state if state is not None else empty) if return_state else x.to(y_dtype)
     valid = _valid(x, lengths)
     n = 1 if per_channel else C  # channels per frame statistic
     group = (lambda v: v) if per_channel else (lambda v: v.sum(1, keepdim=True))

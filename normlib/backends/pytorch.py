@@ -36,19 +36,21 @@ def running_scan(s: NormState, decay: float) -> NormState:
 def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mode, return_state):
     """x: (B, C, T) view in any strides; decay None means GLOBAL. Returns (y, state or None)."""
     B, C, T = x.shape
+    if T == 0:  # no frame: nothing to normalize; the state passes through
+        empty = NormState.empty((B, C) if per_channel else (B,), device=x.device)
+        return x.new_empty(x.shape), (state if state is not None else empty) if return_state else None
     sd = torch.float64 if x.dtype == torch.float64 else torch.float32
     valid = torch.ones(B, 1, T, dtype=torch.bool, device=x.device)
     if lengths is not None:
         valid = (torch.arange(T, device=x.device) < lengths[:, None])[:, None, :]
     xs = torch.where(valid, x.to(sd), 0)  # padding is never read, not even as NaN
 
-    # Work on x - K, K a per-sequence (per-channel) shift: x - K is exact near K (Sterbenz), so a DC
-    # offset costs no digits in mu or in x - mu. K is frame 0's mean, or the incoming state's mean.
+    # Work on x - K, K frame 0's mean per sequence (per channel): x - K is exact near K (Sterbenz), so a
+    # DC offset costs no digits in mu or in x - mu. The float64 state is shifted by the same K.
+    K = (xs[..., :1] if per_channel else xs[..., :1].mean(1, keepdim=True)).detach()  # (B, C|1, 1)
     if state is not None:
-        K = state.m.reshape(B, -1, 1).to(sd).detach()
-        rel = NormState(state.w.to(sd), (state.m - K.reshape(state.m.shape).double()).to(sd), state.m2.to(sd))
-    else:
-        K = (xs[..., :1] if per_channel else xs[..., :1].mean(1, keepdim=True)).detach()  # (B, C|1, 1)
+        Ks = K.reshape(state.m.shape).double()
+        rel = NormState(state.w.to(sd), (state.m - Ks).to(sd), state.m2.to(sd))
     xs = torch.where(valid, xs - K, 0)
 
     if decay is None:  # GLOBAL: two passes over the valid frames, in the stats dtype

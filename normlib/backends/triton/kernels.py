@@ -1,16 +1,19 @@
-"""The running-statistics kernel template. One kernel serves every norm of the family:
+"""The running-statistics kernel template: one forward and one backward kernel for every norm.
 
+Constexpr flags select the norm and the call:
 - POOL_ALL: statistics over all C channels of a frame (one (w, m, M2) per frame) or per channel;
 - MODE: 0 FRAME, 1 CUMULATIVE, 2 EMA (decay d in (0, 1)), 3 GLOBAL;
 - HAS_W / HAS_B (affine), HAS_LEN (lengths), HAS_SIN (incoming state), STORE_SOUT (outgoing state),
-  STORE_STATS (per-frame mean and 1/std for the backward), EPS_OUTSIDE;
+  STORE_PREFIX (each tile's incoming prefix, for the backward), EPS_OUTSIDE;
 - layout through strides: a "b t c" input is a (B, C, T) view with stride 1 on C, read in place.
 
-A program owns one tile of (BLOCK_C channels x BLOCK_T frames) and keeps it in registers: x is read once
-and y written once. Tiles of one sequence find their prefix state by decoupled look-back: each tile
-publishes the summary of its own frames (its aggregate), then merges its predecessors' summaries walking
-back until one has published its inclusive prefix. Tiles take their index from an atomic ticket, so a
-tile only ever waits on tiles that have already started: no deadlock, whatever the scheduler does.
+A program owns one tile of (BLOCK_C channels x BLOCK_T frames) and keeps it in registers: the forward
+reads x once and writes y once; the backward reads x and dy once and writes dx once. Tiles of a sequence
+get their prefix (forward: merged statistics of earlier frames; backward: decayed suffix sums of later
+frames) by decoupled look-back: each tile publishes the summary of its own frames (its aggregate), then
+combines its predecessors' summaries, walking back until one has published its inclusive prefix. Tiles
+take their index from an atomic ticket, so a tile only ever waits on tiles that have already started: no
+deadlock, whatever the scheduler does.
 
 Published words carry a tag in their upper 32 bits (the launch's epoch + 1) beside the float bits, so a
 reader tells a word written by this launch from a stale one without a fence or a workspace reset; the
@@ -18,7 +21,7 @@ epoch comes from the ticket counter itself (epoch << 32 | ticket), which the las
 
 Statistics are float32 Chan merges of x - K, K a per-sequence (per-channel) shift: frame 0's mean, or
 the incoming state's mean. GLOBAL runs the same tile code in two launches (PHASE 1: per-span summaries;
-PHASE 2: reduce them and normalize).
+PHASE 2: reduce them and finish). The backward's math is derived in docs/math.md.
 """
 import triton
 import triton.language as tl
@@ -32,6 +35,41 @@ def merge(w1, m1, q1, d1, w2, m2, q2, d2):
     delta = m2 - m1
     frac = w2 / tl.where(w > 0, w, 1.0)
     return w, m1 + delta * frac, d2 * q1 + q2 + delta * delta * wo * frac, d1 * d2
+
+
+@triton.jit
+def lin(u1, v1, z1, d1, u2, v2, z2, d2):
+    """Decayed sums: the older summary (1) decays by the newer one's d before adding."""
+    return d2 * u1 + u2, d2 * v1 + v2, d2 * z1 + z2, d1 * d2
+
+
+@triton.jit
+def _combine(a, b, c, d, e, f, g, h, LINEAR: tl.constexpr):
+    if LINEAR:
+        return lin(a, b, c, d, e, f, g, h)
+    else:
+        return merge(a, b, c, d, e, f, g, h)
+
+
+@triton.jit
+def _scan(w, m, q, d, N: tl.constexpr, SC: tl.constexpr, AXIS: tl.constexpr, LINEAR: tl.constexpr,
+          REVERSE: tl.constexpr):
+    """Inclusive scan of [N, SC] (AXIS 0) or [SC, N] (AXIS 1) summaries; REVERSE scans from the end
+    (the later element is the older one). With SC == 1 it scans a 1D vector: Triton 3.6's scan lowering
+    asserts on some layouts of a unit dim."""
+    if SC == 1:
+        t = (tl.reshape(w, [N]), tl.reshape(m, [N]), tl.reshape(q, [N]), tl.reshape(d, [N]))
+        if LINEAR:
+            w, m, q, d = tl.associative_scan(t, axis=0, combine_fn=lin, reverse=REVERSE)
+        else:
+            w, m, q, d = tl.associative_scan(t, axis=0, combine_fn=merge, reverse=REVERSE)
+        shape: tl.constexpr = [N, 1] if AXIS == 0 else [1, N]
+        return tl.reshape(w, shape), tl.reshape(m, shape), tl.reshape(q, shape), tl.reshape(d, shape)
+    else:
+        if LINEAR:
+            return tl.associative_scan((w, m, q, d), axis=AXIS, combine_fn=lin, reverse=REVERSE)
+        else:
+            return tl.associative_scan((w, m, q, d), axis=AXIS, combine_fn=merge, reverse=REVERSE)
 
 
 @triton.jit
@@ -55,54 +93,58 @@ def _group_sum(v, POOL_ALL: tl.constexpr):
 
 
 @triton.jit
-def _scan(w, m, q, d, N: tl.constexpr, SC: tl.constexpr, AXIS: tl.constexpr):
-    """Inclusive merge-scan of [N, SC] (AXIS 0) or [SC, N] (AXIS 1) summaries. With SC == 1 it scans a
-    1D vector: Triton 3.6's scan lowering asserts on some layouts of a unit dim."""
-    if SC == 1:
-        w, m, q, d = tl.associative_scan((tl.reshape(w, [N]), tl.reshape(m, [N]), tl.reshape(q, [N]),
-                                          tl.reshape(d, [N])), axis=0, combine_fn=merge)
-        shape: tl.constexpr = [N, 1] if AXIS == 0 else [1, N]
-        return tl.reshape(w, shape), tl.reshape(m, shape), tl.reshape(q, shape), tl.reshape(d, shape)
-    else:
-        return tl.associative_scan((w, m, q, d), axis=AXIS, combine_fn=merge)
+def _pick(v, at):
+    """The column of a [SC, BLOCK_T] tensor where ``at`` ([1, BLOCK_T]) holds, as [SC] (0 if none)."""
+    return tl.sum(tl.where(at, v, 0.0), axis=1)
 
 
 @triton.jit
-def _pick_last(v, is_last):
-    """v[..., BLOCK_T-1] of a [SC, BLOCK_T] tensor as [SC]."""
-    return tl.sum(tl.where(is_last, v, 0.0), axis=1)
+def _ticket(ctr_ptr, n_tiles):
+    """(tile index in start order, this launch's tag). The last ticket moves the counter to a new epoch."""
+    ticket = tl.atomic_add(ctr_ptr, 1)
+    tile_id = (ticket & 0xFFFFFFFF).to(tl.int32)
+    tag = ((ticket >> 32) & 0x3FFFFFFF).to(tl.int32) + 1
+    next_epoch = (tl.full([], 1, tl.int64) << 32) - n_tiles.to(tl.int64)
+    tl.atomic_add(ctr_ptr, next_epoch, mask=tile_id == n_tiles - 1)
+    return tile_id, tag
 
 
 @triton.jit
-def _lookback(ws_ptr, rec0, tile, tag, log2d, offs_s, SC: tl.constexpr, BLOCK_T: tl.constexpr,
-              WINDOW: tl.constexpr, AGG_ONLY: tl.constexpr):
-    """The exclusive prefix of ``tile`` (> 0) from its predecessors' published records.
+def _publish(prec, a, b, c, tag, SLOT: tl.constexpr, SC: tl.constexpr):
+    """Write a summary into a record: SLOT 0 is the aggregate, SLOT 1 the inclusive prefix."""
+    tl.store(prec + (3 * SLOT + 0) * SC, _pack(a, tag))
+    tl.store(prec + (3 * SLOT + 1) * SC, _pack(b, tag))
+    tl.store(prec + (3 * SLOT + 2) * SC, _pack(c, tag))
 
-    A record is 6*SC int64 words: the aggregate (w, m, M2) then the inclusive prefix (w, m, M2).
-    Returns (w, m, M2) of shape [SC].
+
+@triton.jit
+def _lookback(ws_ptr, rec0, tile, tag, d_tile, offs_s, SC: tl.constexpr, WINDOW: tl.constexpr,
+              AGG_ONLY: tl.constexpr, LINEAR: tl.constexpr):
+    """The exclusive prefix of ``tile`` (> 0, in start order) from its predecessors' records.
+
+    A record is 6*SC int64 words: the aggregate (3 values) then the inclusive prefix (3 values); every
+    aggregate spans one full tile (decay d_tile). Returns three [SC] values.
     """
     offs_w = tl.arange(0, WINDOW)
-    d_tile = tl.exp2(log2d * BLOCK_T)  # decay of one full tile
-    acc_w = tl.zeros([SC], dtype=tl.float32)
-    acc_m = tl.zeros([SC], dtype=tl.float32)
-    acc_q = tl.zeros([SC], dtype=tl.float32)
+    acc_a = tl.zeros([SC], dtype=tl.float32)
+    acc_b = tl.zeros([SC], dtype=tl.float32)
+    acc_c = tl.zeros([SC], dtype=tl.float32)
     acc_d = tl.full([SC], 1.0, dtype=tl.float32)
     hi = tile  # the window covers tiles hi - WINDOW .. hi - 1
     done = 0
     while done == 0:
         j = hi - WINDOW + offs_w  # [WINDOW]
         ok_j = j >= 0
-        base = rec0 + tl.maximum(j, 0).to(tl.int64) * (6 * SC)
-        p = ws_ptr + base[:, None] + offs_s[None, :]  # [WINDOW, SC]
-        m2d = ok_j[:, None] & (offs_s[None, :] >= 0)
-        aw, taw = _unpack(tl.load(p + 0 * SC, mask=m2d, other=0, volatile=True))
-        am, tam = _unpack(tl.load(p + 1 * SC, mask=m2d, other=0, volatile=True))
-        aq, taq = _unpack(tl.load(p + 2 * SC, mask=m2d, other=0, volatile=True))
-        iw, tiw = _unpack(tl.load(p + 3 * SC, mask=m2d, other=0, volatile=True))
-        im, tim = _unpack(tl.load(p + 4 * SC, mask=m2d, other=0, volatile=True))
-        iq, tiq = _unpack(tl.load(p + 5 * SC, mask=m2d, other=0, volatile=True))
-        agg_ok = tl.min(((taw == tag) & (tam == tag) & (taq == tag)).to(tl.int32), axis=1)  # [WINDOW]
-        inc_ok = tl.min(((tiw == tag) & (tim == tag) & (tiq == tag)).to(tl.int32), axis=1)
+        p = ws_ptr + rec0 + tl.maximum(j, 0).to(tl.int64)[:, None] * (6 * SC) + offs_s[None, :]
+        m2d = ok_j[:, None] & (offs_s[None, :] >= 0)  # [WINDOW, SC]
+        aa, t0 = _unpack(tl.load(p + 0 * SC, mask=m2d, other=0, volatile=True))
+        ab, t1 = _unpack(tl.load(p + 1 * SC, mask=m2d, other=0, volatile=True))
+        ac, t2 = _unpack(tl.load(p + 2 * SC, mask=m2d, other=0, volatile=True))
+        ia, t3 = _unpack(tl.load(p + 3 * SC, mask=m2d, other=0, volatile=True))
+        ib, t4 = _unpack(tl.load(p + 4 * SC, mask=m2d, other=0, volatile=True))
+        ic, t5 = _unpack(tl.load(p + 5 * SC, mask=m2d, other=0, volatile=True))
+        agg_ok = tl.min(((t0 == tag) & (t1 == tag) & (t2 == tag)).to(tl.int32), axis=1)  # [WINDOW]
+        inc_ok = tl.min(((t3 == tag) & (t4 == tag) & (t5 == tag)).to(tl.int32), axis=1)
         agg_ok = tl.where(ok_j, agg_ok, 1)
         inc_ok = tl.where(ok_j, inc_ok, 0)
         if AGG_ONLY:  # tests: ignore published prefixes but tile 0's, so the walk crosses windows
@@ -112,22 +154,95 @@ def _lookback(ws_ptr, rec0, tile, tag, log2d, offs_s, SC: tl.constexpr, BLOCK_T:
         if ready > 0:
             use_inc = (offs_w == k)[:, None]
             keep = (offs_w >= k)[:, None] & ok_j[:, None]
-            sw = tl.where(keep, tl.where(use_inc, iw, aw), 0.0)
-            sm = tl.where(keep, tl.where(use_inc, im, am), 0.0)
-            sq = tl.where(keep, tl.where(use_inc, iq, aq), 0.0)
+            sa = tl.where(keep, tl.where(use_inc, ia, aa), 0.0)
+            sb = tl.where(keep, tl.where(use_inc, ib, ab), 0.0)
+            sc = tl.where(keep, tl.where(use_inc, ic, ac), 0.0)
             sd = tl.where(keep & (offs_w > k)[:, None], d_tile, 1.0) + tl.zeros([WINDOW, SC], tl.float32)
-            sw, sm, sq, sd = _scan(sw, sm, sq, sd, WINDOW, SC, 0)
+            sa, sb, sc, sd = _scan(sa, sb, sc, sd, WINDOW, SC, 0, LINEAR, False)
             last = (offs_w == WINDOW - 1)[:, None]
-            tw = tl.sum(tl.where(last, sw, 0.0), axis=0)
-            tm = tl.sum(tl.where(last, sm, 0.0), axis=0)
-            tq = tl.sum(tl.where(last, sq, 0.0), axis=0)
-            td = tl.sum(tl.where(last, sd, 0.0), axis=0)
-            acc_w, acc_m, acc_q, acc_d = merge(tw, tm, tq, td, acc_w, acc_m, acc_q, acc_d)
+            acc_a, acc_b, acc_c, acc_d = _combine(
+                tl.sum(tl.where(last, sa, 0.0), axis=0), tl.sum(tl.where(last, sb, 0.0), axis=0),
+                tl.sum(tl.where(last, sc, 0.0), axis=0), tl.sum(tl.where(last, sd, 0.0), axis=0),
+                acc_a, acc_b, acc_c, acc_d, LINEAR)
             if k >= 0:
                 done = 1
             else:
                 hi = hi - WINDOW
-    return acc_w, acc_m, acc_q
+    return acc_a, acc_b, acc_c
+
+
+@triton.jit
+def _span_reduce(ws_ptr, rec0, NSPAN, offs_s, SC: tl.constexpr, WINDOW: tl.constexpr,
+                 LINEAR: tl.constexpr):
+    """Combine the NSPAN span summaries of one sequence (GLOBAL: no decay), [SC] each."""
+    ra = tl.zeros([SC], dtype=tl.float32)
+    rb = tl.zeros([SC], dtype=tl.float32)
+    rc = tl.zeros([SC], dtype=tl.float32)
+    for j0 in range(0, NSPAN, WINDOW):
+        offs_j = j0 + tl.arange(0, WINDOW)
+        pj = ws_ptr + rec0 + offs_j.to(tl.int64)[:, None] * (3 * SC) + offs_s[None, :]
+        mj = (offs_j < NSPAN)[:, None] & (offs_s[None, :] >= 0)
+        ja = tl.load(pj + 0 * SC, mask=mj, other=0.0)
+        jb = tl.load(pj + 1 * SC, mask=mj, other=0.0)
+        jc = tl.load(pj + 2 * SC, mask=mj, other=0.0)
+        ja, jb, jc, jd = _scan(ja, jb, jc, tl.full([WINDOW, SC], 1.0, tl.float32), WINDOW, SC, 0, LINEAR, False)
+        lastj = (tl.arange(0, WINDOW) == WINDOW - 1)[:, None]
+        ra, rb, rc, _ = _combine(ra, rb, rc, 1.0, tl.sum(tl.where(lastj, ja, 0.0), axis=0),
+                                 tl.sum(tl.where(lastj, jb, 0.0), axis=0),
+                                 tl.sum(tl.where(lastj, jc, 0.0), axis=0), 1.0, LINEAR)
+    return ra, rb, rc
+
+
+@triton.jit
+def _state_index(b64, offs_c, m_c, B, C, POOL_ALL: tl.constexpr, SC: tl.constexpr):
+    """State fields are [B] (pooled) or [B, C]: (offsets, mask, entries per field)."""
+    if POOL_ALL:
+        offs_s = tl.arange(0, SC)
+        return b64 + offs_s, offs_s >= 0, B
+    else:
+        return b64 * C + offs_c, m_c, B * C
+
+
+@triton.jit
+def _shift(x_ptr, b64, sxb, sxc, offs_c, m_c, C, length, POOL_ALL: tl.constexpr):
+    """K, [SC, 1]: frame 0's mean (pooled) or value (per channel), 0 if frame 0 is padding. States are
+    shifted by it in float64."""
+    ok = m_c[:, None] & (tl.zeros([1, 1], tl.int32) < length)
+    x0 = tl.load(x_ptr + b64 * sxb + offs_c.to(tl.int64)[:, None] * sxc, mask=ok, other=0.0)
+    K = _group_sum(x0.to(tl.float32), POOL_ALL)
+    if POOL_ALL:
+        K = K / C
+    return K
+
+
+@triton.jit
+def _state_mean(sin_ptr, s_off, s_ok, NS, K):
+    """The incoming state's mean relative to K, [SC]: the difference taken in float64."""
+    m64 = tl.load(sin_ptr + NS + s_off, mask=s_ok, other=0.0)
+    return (m64 - tl.sum(K, axis=1).to(tl.float64)).to(tl.float32)
+
+
+@triton.jit
+def _frame_stats(xk, msk, POOL_ALL: tl.constexpr):
+    """f_t = (n, m_f, M2_f) of each frame, [SC, BLOCK_T]; padding frames weigh 0."""
+    fn = _group_sum(msk.to(tl.float32), POOL_ALL)
+    fm = _group_sum(xk, POOL_ALL) / tl.where(fn > 0, fn, 1.0)
+    dev = tl.where(msk, xk - fm, 0.0)
+    return fn, fm, _group_sum(dev * dev, POOL_ALL)  # M2_f is zero per channel
+
+
+@triton.jit
+def _tile_sum(v, POOL_ALL: tl.constexpr):
+    """[BLOCK_C, BLOCK_T] -> [SC]: sum over the tile's frames (and channels, when pooled)."""
+    return tl.sum(_group_sum(v, POOL_ALL), axis=1)
+
+
+@triton.jit
+def _rstd(var, eps, EPS_OUTSIDE: tl.constexpr):
+    if EPS_OUTSIDE:
+        return 1.0 / (tl.sqrt(tl.maximum(var, 0.0)) + eps)
+    else:
+        return 1.0 / tl.sqrt(tl.maximum(var, 0.0) + eps)
 
 
 @triton.jit
@@ -139,64 +254,37 @@ def running_norm_fwd(
     len_ptr,  # [B] int64 lengths
     sin_ptr,  # [3, B, C or 1] float64 incoming state (w, m, M2)
     sout_ptr,  # [3, B, C or 1] float64 outgoing state
-    mean_ptr,  # [B, T] float32 mean - K (pooled norms, for the backward)
-    rstd_ptr,  # [B, T] float32 1/std (pooled norms, for the backward)
-    ws_ptr,  # int64 look-back records, or float32 GLOBAL span summaries [B, NCB, NSPAN, 3, SC]
+    pre_ptr,  # [B * NCB, NT, 3, SC] float32: each tile's incoming prefix (GLOBAL: the totals, at tile 0)
+    ws_ptr,  # int64 look-back records [B * NCB, NT, 6, SC], or float32 GLOBAL span summaries
     ctr_ptr,  # [1] int64 ticket counter (epoch << 32 | ticket)
     sxb, sxc, sxt, syb, syc, syt,
     B, C, T, NCB, NT, NSPAN,
     log2d, eps,
     POOL_ALL: tl.constexpr, MODE: tl.constexpr, PHASE: tl.constexpr,
     HAS_W: tl.constexpr, HAS_B: tl.constexpr, HAS_LEN: tl.constexpr, HAS_SIN: tl.constexpr,
-    STORE_SOUT: tl.constexpr, STORE_STATS: tl.constexpr, EPS_OUTSIDE: tl.constexpr,
+    STORE_SOUT: tl.constexpr, STORE_PREFIX: tl.constexpr, EPS_OUTSIDE: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr, SPAN: tl.constexpr, WINDOW: tl.constexpr,
     AGG_ONLY: tl.constexpr = False,
 ):
     SC: tl.constexpr = 1 if POOL_ALL else BLOCK_C  # statistics per frame: one, or one per channel
-    LOOKBACK: tl.constexpr = (MODE == 1) or (MODE == 2)
-
-    # ---- which tile: ticket order for the look-back, plain program ids otherwise
-    if LOOKBACK:
-        n_tiles = B * NCB * NT
-        ticket = tl.atomic_add(ctr_ptr, 1)
-        tile_id = (ticket & 0xFFFFFFFF).to(tl.int32)
-        tag = ((ticket >> 32) & 0x3FFFFFFF).to(tl.int32) + 1
-        next_epoch = (tl.full([], 1, tl.int64) << 32) - n_tiles.to(tl.int64)
-        tl.atomic_add(ctr_ptr, next_epoch, mask=tile_id == n_tiles - 1)  # the last ticket: new epoch
-        it = tile_id // (B * NCB)  # tile-major: tile i of every sequence before tile i + 1 of any
+    if MODE == 1 or MODE == 2:  # tile-major ticket order: tile i of every sequence before tile i + 1
+        tile_id, tag = _ticket(ctr_ptr, B * NCB * NT)
+        it = tile_id // (B * NCB)
         seq = tile_id % (B * NCB)
     else:
         seq = tl.program_id(0)
         it = tl.program_id(1)
-    b = seq // NCB
+    b64 = (seq // NCB).to(tl.int64)
     cb = seq % NCB
-    b64 = b.to(tl.int64)
-
     offs_c = cb * BLOCK_C + tl.arange(0, BLOCK_C)
     m_c = offs_c < C
     offs_s = tl.arange(0, SC)
     length = T
     if HAS_LEN:
-        length = tl.load(len_ptr + b).to(tl.int32)
-
-    # incoming / outgoing state fields are [B] (pooled) or [B, C]: NS entries each
-    if POOL_ALL:
-        s_off = b64 + offs_s
-        s_ok = offs_s >= 0
-        NS = B
-    else:
-        s_off = b64 * C + offs_c
-        s_ok = m_c
-        NS = B * C
-
-    # ---- the shift K: [SC, 1], frame 0's mean (pooled) or value (per channel), or the state's mean
-    if HAS_SIN:
-        K = tl.load(sin_ptr + NS + s_off, mask=s_ok, other=0.0).to(tl.float32)[:, None]
-    else:
-        x0 = tl.load(x_ptr + b64 * sxb + offs_c.to(tl.int64)[:, None] * sxc, mask=m_c[:, None], other=0.0)
-        K = _group_sum(x0.to(tl.float32), POOL_ALL)
-        if POOL_ALL:
-            K = K / C
+        length = tl.load(len_ptr + b64).to(tl.int32)
+    s_off, s_ok, NS = _state_index(b64, offs_c, m_c, B, C, POOL_ALL, SC)
+    K = _shift(x_ptr, b64, sxb, sxc, offs_c, m_c, C, length, POOL_ALL)
+    px0 = x_ptr + b64 * sxb + offs_c.to(tl.int64)[:, None] * sxc
 
     if PHASE == 1:  # GLOBAL, first launch: one summary per span of SPAN tiles
         gw = tl.zeros([SC], dtype=tl.float32)
@@ -205,14 +293,13 @@ def running_norm_fwd(
         for k in range(SPAN):
             offs_t = (it * SPAN + k) * BLOCK_T + tl.arange(0, BLOCK_T)
             msk = m_c[:, None] & ((offs_t < T) & (offs_t < length))[None, :]
-            p = x_ptr + b64 * sxb + offs_c.to(tl.int64)[:, None] * sxc + offs_t.to(tl.int64)[None, :] * sxt
-            xk = tl.where(msk, tl.load(p, mask=msk, other=0.0).to(tl.float32) - K, 0.0)
-            n = tl.sum(_group_sum(msk.to(tl.float32), POOL_ALL), axis=1)  # [SC]
-            mk = tl.sum(_group_sum(xk, POOL_ALL), axis=1) / tl.where(n > 0, n, 1.0)
+            xk = tl.load(px0 + offs_t.to(tl.int64)[None, :] * sxt, mask=msk, other=0.0).to(tl.float32)
+            xk = tl.where(msk, xk - K, 0.0)
+            n = _tile_sum(msk.to(tl.float32), POOL_ALL)
+            mk = _tile_sum(xk, POOL_ALL) / tl.where(n > 0, n, 1.0)
             dev = tl.where(msk, xk - mk[:, None], 0.0)
-            qk = tl.sum(_group_sum(dev * dev, POOL_ALL), axis=1)
-            gw, gm, gq, _ = merge(gw, gm, gq, 1.0, n, mk, qk, 1.0)
-        rec = ((b64 * NCB + cb) * NSPAN + it) * (3 * SC)
+            gw, gm, gq, _ = merge(gw, gm, gq, 1.0, n, mk, _tile_sum(dev * dev, POOL_ALL), 1.0)
+        rec = (seq.to(tl.int64) * NSPAN + it) * (3 * SC)
         tl.store(ws_ptr + rec + 0 * SC + offs_s, gw)
         tl.store(ws_ptr + rec + 1 * SC + offs_s, gm)
         tl.store(ws_ptr + rec + 2 * SC + offs_s, gq)
@@ -221,76 +308,54 @@ def running_norm_fwd(
     # ---- load the tile and compute its frames' statistics
     t0 = it * BLOCK_T
     offs_t = t0 + tl.arange(0, BLOCK_T)
-    m_t = (offs_t < T) & (offs_t < length)  # valid frames
-    msk = m_c[:, None] & m_t[None, :]
-    px = x_ptr + b64 * sxb + offs_c.to(tl.int64)[:, None] * sxc + offs_t.to(tl.int64)[None, :] * sxt
-    xk = tl.where(msk, tl.load(px, mask=msk, other=0.0).to(tl.float32) - K, 0.0)  # [BLOCK_C, BLOCK_T]
-    is_last = (tl.arange(0, BLOCK_T) == BLOCK_T - 1)[None, :]
+    msk = m_c[:, None] & ((offs_t < T) & (offs_t < length))[None, :]
+    xk = tl.load(px0 + offs_t.to(tl.int64)[None, :] * sxt, mask=msk, other=0.0).to(tl.float32)
+    xk = tl.where(msk, xk - K, 0.0)  # [BLOCK_C, BLOCK_T]
+    ppre = pre_ptr + (seq.to(tl.int64) * NT + it) * (3 * SC) + offs_s
 
     if MODE == 3:  # GLOBAL, second launch: reduce the span summaries of this sequence
-        mw = tl.zeros([SC], dtype=tl.float32)
-        mm = tl.zeros([SC], dtype=tl.float32)
-        mq = tl.zeros([SC], dtype=tl.float32)
-        rec0 = (b64 * NCB + cb) * NSPAN * (3 * SC)
-        for j0 in range(0, NSPAN, WINDOW):
-            offs_j = j0 + tl.arange(0, WINDOW)
-            pj = ws_ptr + rec0 + offs_j.to(tl.int64)[:, None] * (3 * SC) + offs_s[None, :]
-            mj = (offs_j < NSPAN)[:, None] & (offs_s[None, :] >= 0)
-            jw = tl.load(pj + 0 * SC, mask=mj, other=0.0)
-            jm = tl.load(pj + 1 * SC, mask=mj, other=0.0)
-            jq = tl.load(pj + 2 * SC, mask=mj, other=0.0)
-            jd = tl.full([WINDOW, SC], 1.0, tl.float32)
-            jw, jm, jq, jd = _scan(jw, jm, jq, jd, WINDOW, SC, 0)
-            lastj = (tl.arange(0, WINDOW) == WINDOW - 1)[:, None]
-            mw, mm, mq, _ = merge(mw, mm, mq, 1.0, tl.sum(tl.where(lastj, jw, 0.0), axis=0),
-                                  tl.sum(tl.where(lastj, jm, 0.0), axis=0),
-                                  tl.sum(tl.where(lastj, jq, 0.0), axis=0), 1.0)
+        mw, mm, mq = _span_reduce(ws_ptr, seq.to(tl.int64) * NSPAN * (3 * SC), NSPAN, offs_s, SC, WINDOW, False)
+        if STORE_PREFIX:
+            if it == 0:
+                tl.store(ppre, mw)
+                tl.store(ppre + SC, mm)
+                tl.store(ppre + 2 * SC, mq)
         mean = mm[:, None] + tl.zeros([SC, BLOCK_T], tl.float32)
-        var = mq[:, None] / tl.where(mw > 0, mw, 1.0)[:, None] + tl.zeros([SC, BLOCK_T], tl.float32)
+        var = (mq / tl.where(mw > 0, mw, 1.0))[:, None] + tl.zeros([SC, BLOCK_T], tl.float32)
     else:
-        # frame statistics f_t = (n, m_f, M2_f), each [SC, BLOCK_T]; padding frames weigh 0
-        fn = _group_sum(msk.to(tl.float32), POOL_ALL)
-        fm = _group_sum(xk, POOL_ALL) / tl.where(fn > 0, fn, 1.0)
-        dev = tl.where(msk, xk - fm, 0.0)
-        fq = _group_sum(dev * dev, POOL_ALL)  # zero per channel
-        if MODE == 0:  # FRAME: the frame alone
-            sw, sm, sq = fn, fm, fq
-        else:
-            fd = tl.exp2(log2d) + tl.zeros([SC, BLOCK_T], tl.float32)  # per-frame decay
-            sw, sm, sq, sd = _scan(fn, fm, fq, fd, BLOCK_T, SC, 1)
-            # this tile's aggregate; its prefix from the incoming state (tile 0) or the look-back
-            aw, am, aq = _pick_last(sw, is_last), _pick_last(sm, is_last), _pick_last(sq, is_last)
-            rec0 = (b64 * NCB + cb) * NT * (6 * SC)
+        sw, sm, sq = _frame_stats(xk, msk, POOL_ALL)
+        if MODE != 0:
+            # inclusive scan inside the tile, then the prefix: the incoming state (tile 0) or look-back
+            fd = tl.exp2(log2d) + tl.zeros([SC, BLOCK_T], tl.float32)
+            sw, sm, sq, sd = _scan(sw, sm, sq, fd, BLOCK_T, SC, 1, False, False)
+            is_last = (tl.arange(0, BLOCK_T) == BLOCK_T - 1)[None, :]
+            aw, am, aq = _pick(sw, is_last), _pick(sm, is_last), _pick(sq, is_last)
+            rec0 = seq.to(tl.int64) * NT * (6 * SC)
             prec = ws_ptr + rec0 + it.to(tl.int64) * (6 * SC) + offs_s
+            d_tile = tl.exp2(log2d * BLOCK_T)
             if it == 0:
                 pw = tl.zeros([SC], dtype=tl.float32)
                 pm = tl.zeros([SC], dtype=tl.float32)
                 pq = tl.zeros([SC], dtype=tl.float32)
-                if HAS_SIN:  # the state's mean relative to K = float32(state mean): a rounding residue
+                if HAS_SIN:
                     pw = tl.load(sin_ptr + s_off, mask=s_ok, other=0.0).to(tl.float32)
-                    m64 = tl.load(sin_ptr + NS + s_off, mask=s_ok, other=0.0)
-                    pm = (m64 - m64.to(tl.float32).to(tl.float64)).to(tl.float32)
+                    pm = _state_mean(sin_ptr, s_off, s_ok, NS, K)
                     pq = tl.load(sin_ptr + 2 * NS + s_off, mask=s_ok, other=0.0).to(tl.float32)
             else:
-                tl.store(prec + 0 * SC, _pack(aw, tag))
-                tl.store(prec + 1 * SC, _pack(am, tag))
-                tl.store(prec + 2 * SC, _pack(aq, tag))
-                pw, pm, pq = _lookback(ws_ptr, rec0, it, tag, log2d, offs_s, SC, BLOCK_T, WINDOW, AGG_ONLY)
-            d_tile = tl.exp2(log2d * BLOCK_T) + tl.zeros([SC], tl.float32)
+                _publish(prec, aw, am, aq, tag, 0, SC)
+                pw, pm, pq = _lookback(ws_ptr, rec0, it, tag, d_tile, offs_s, SC, WINDOW, AGG_ONLY, False)
             iw, im, iq, _ = merge(pw, pm, pq, 1.0, aw, am, aq, d_tile)
-            tl.store(prec + 3 * SC, _pack(iw, tag))
-            tl.store(prec + 4 * SC, _pack(im, tag))
-            tl.store(prec + 5 * SC, _pack(iq, tag))
+            _publish(prec, iw, im, iq, tag, 1, SC)
+            if STORE_PREFIX:
+                tl.store(ppre, pw)
+                tl.store(ppre + SC, pm)
+                tl.store(ppre + 2 * SC, pq)
             sw, sm, sq, _ = merge(pw[:, None], pm[:, None], pq[:, None], 1.0, sw, sm, sq, sd)
         mean = sm
         var = sq / tl.where(sw > 0, sw, 1.0)
 
     # ---- normalize the tile in registers and write it once
-    if EPS_OUTSIDE:
-        rstd = 1.0 / (tl.sqrt(tl.maximum(var, 0.0)) + eps)
-    else:
-        rstd = 1.0 / tl.sqrt(tl.maximum(var, 0.0) + eps)
-    y = (xk - mean) * rstd
+    y = (xk - mean) * _rstd(var, eps, EPS_OUTSIDE)
     if HAS_W:
         y = y * tl.load(w_ptr + offs_c, mask=m_c, other=1.0).to(tl.float32)[:, None]
     if HAS_B:
@@ -299,18 +364,184 @@ def running_norm_fwd(
     py = y_ptr + b64 * syb + offs_c.to(tl.int64)[:, None] * syc + offs_t.to(tl.int64)[None, :] * syt
     tl.store(py, y.to(y_ptr.dtype.element_ty), mask=m_c[:, None] & (offs_t < T)[None, :])
 
-    if STORE_STATS:  # pooled norms: per-frame mean (relative to K) and 1/std, [1, BLOCK_T]
-        ps = b64 * T + offs_t[None, :]
-        tl.store(mean_ptr + ps, mean, mask=(offs_t < T)[None, :])
-        tl.store(rstd_ptr + ps, rstd, mask=(offs_t < T)[None, :])
-
     if STORE_SOUT:  # the state after frame length - 1, written by the tile that holds that frame
         at = (offs_t == length - 1)[None, :]
-        ow = tl.sum(tl.where(at, sw, 0.0), axis=1)
-        om = tl.sum(tl.where(at, sm, 0.0), axis=1)
-        oq = tl.sum(tl.where(at, sq, 0.0), axis=1)
-        hit = (t0 <= length - 1) & (length - 1 < t0 + BLOCK_T)
-        if hit:
-            tl.store(sout_ptr + s_off, ow.to(tl.float64), mask=s_ok)
-            tl.store(sout_ptr + NS + s_off, om.to(tl.float64) + tl.sum(K, axis=1).to(tl.float64), mask=s_ok)
-            tl.store(sout_ptr + 2 * NS + s_off, oq.to(tl.float64), mask=s_ok)
+        if (t0 <= length - 1) & (length - 1 < t0 + BLOCK_T):
+            tl.store(sout_ptr + s_off, _pick(sw, at).to(tl.float64), mask=s_ok)
+            tl.store(sout_ptr + NS + s_off, _pick(sm, at).to(tl.float64) + tl.sum(K, axis=1).to(tl.float64),
+                     mask=s_ok)
+            tl.store(sout_ptr + 2 * NS + s_off, _pick(sq, at).to(tl.float64), mask=s_ok)
+
+
+@triton.jit
+def running_norm_bwd(
+    x_ptr,  # [B, C, T] (strides sxb, sxc, sxt)
+    gy_ptr,  # [B, C, T] dL/dy (strides sgb, sgc, sgt)
+    gx_ptr,  # [B, C, T] dL/dx (strides sdb, sdc, sdt)
+    w_ptr,  # [C] affine weight
+    len_ptr,  # [B] int64 lengths
+    sin_ptr,  # [3, B, C or 1] float64 incoming state
+    gsout_ptr,  # [3, B, C or 1] float64 dL/d(outgoing state)
+    gsin_ptr,  # [3, B, C or 1] float64 dL/d(incoming state), written by tile 0
+    pre_ptr,  # [B * NCB, NT, 3, SC] float32 the forward's tile prefixes (GLOBAL: totals at tile 0)
+    gwp_ptr,  # [B, NT, C] float32 per-tile partial dL/dweight
+    gbp_ptr,  # [B, NT, C] float32 per-tile partial dL/dbias
+    ws_ptr,  # int64 look-back records, or float32 GLOBAL span sums
+    ctr_ptr,  # [1] int64 ticket counter
+    sxb, sxc, sxt, sgb, sgc, sgt, sdb, sdc, sdt,
+    B, C, T, NCB, NT, NSPAN,
+    log2d, eps,
+    POOL_ALL: tl.constexpr, MODE: tl.constexpr, PHASE: tl.constexpr,
+    HAS_W: tl.constexpr, HAS_LEN: tl.constexpr, HAS_SIN: tl.constexpr, HAS_GSOUT: tl.constexpr,
+    STORE_GW: tl.constexpr, EPS_OUTSIDE: tl.constexpr,
+    BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr, SPAN: tl.constexpr, WINDOW: tl.constexpr,
+    AGG_ONLY: tl.constexpr = False,
+):
+    SC: tl.constexpr = 1 if POOL_ALL else BLOCK_C
+    if MODE == 1 or MODE == 2:  # reverse order: the last tile of every sequence starts first
+        tile_id, tag = _ticket(ctr_ptr, B * NCB * NT)
+        vt = tile_id // (B * NCB)  # the tile's index counted from the end
+        it = NT - 1 - vt
+        seq = tile_id % (B * NCB)
+    else:
+        seq = tl.program_id(0)
+        it = tl.program_id(1)
+    b64 = (seq // NCB).to(tl.int64)
+    cb = seq % NCB
+    offs_c = cb * BLOCK_C + tl.arange(0, BLOCK_C)
+    m_c = offs_c < C
+    offs_s = tl.arange(0, SC)
+    length = T
+    if HAS_LEN:
+        length = tl.load(len_ptr + b64).to(tl.int32)
+    s_off, s_ok, NS = _state_index(b64, offs_c, m_c, B, C, POOL_ALL, SC)
+    K = _shift(x_ptr, b64, sxb, sxc, offs_c, m_c, C, length, POOL_ALL)
+    px0 = x_ptr + b64 * sxb + offs_c.to(tl.int64)[:, None] * sxc
+    pg0 = gy_ptr + b64 * sgb + offs_c.to(tl.int64)[:, None] * sgc
+    gamma = tl.full([BLOCK_C], 1.0, tl.float32)
+    if HAS_W:
+        gamma = tl.load(w_ptr + offs_c, mask=m_c, other=0.0).to(tl.float32)
+    ppre = pre_ptr + seq.to(tl.int64) * NT * (3 * SC) + offs_s
+
+    if MODE == 3:  # GLOBAL: the sequence's statistics, saved by the forward at tile 0
+        gw_ = tl.load(ppre)
+        mean1 = tl.load(ppre + SC)
+        var1 = tl.load(ppre + 2 * SC) / tl.where(gw_ > 0, gw_, 1.0)
+        r1 = _rstd(var1, eps, EPS_OUTSIDE)
+        if PHASE == 1:  # span sums of A = sum(g) and Bt = sum(g * xhat)
+            sa = tl.zeros([SC], dtype=tl.float32)
+            sb = tl.zeros([SC], dtype=tl.float32)
+            for k in range(SPAN):
+                offs_t = (it * SPAN + k) * BLOCK_T + tl.arange(0, BLOCK_T)
+                msk = m_c[:, None] & ((offs_t < T) & (offs_t < length))[None, :]
+                xk = tl.load(px0 + offs_t.to(tl.int64)[None, :] * sxt, mask=msk, other=0.0).to(tl.float32)
+                g = tl.load(pg0 + offs_t.to(tl.int64)[None, :] * sgt, mask=msk, other=0.0).to(tl.float32)
+                g = tl.where(msk, g * gamma[:, None], 0.0)
+                xhat = tl.where(msk, (xk - K - mean1[:, None]) * r1[:, None], 0.0)
+                sa += _tile_sum(g, POOL_ALL)
+                sb += _tile_sum(g * xhat, POOL_ALL)
+            rec = (seq.to(tl.int64) * NSPAN + it) * (3 * SC)
+            tl.store(ws_ptr + rec + offs_s, sa)
+            tl.store(ws_ptr + rec + SC + offs_s, sb)
+            tl.store(ws_ptr + rec + 2 * SC + offs_s, tl.zeros([SC], tl.float32))
+            return
+
+    t0 = it * BLOCK_T
+    offs_t = t0 + tl.arange(0, BLOCK_T)
+    m_t = (offs_t < T) & (offs_t < length)
+    msk = m_c[:, None] & m_t[None, :]
+    xk = tl.load(px0 + offs_t.to(tl.int64)[None, :] * sxt, mask=msk, other=0.0).to(tl.float32)
+    xk = tl.where(msk, xk - K, 0.0)
+    gy = tl.load(pg0 + offs_t.to(tl.int64)[None, :] * sgt, mask=msk, other=0.0).to(tl.float32)
+    gy = tl.where(msk, gy, 0.0)
+    g = gy * gamma[:, None]  # dL/dxhat
+    at = (offs_t == length - 1)[None, :]  # the frame of the outgoing state
+    d1 = tl.exp2(log2d)
+
+    # ---- recompute the statistics of each frame, [SC, BLOCK_T]
+    if MODE == 3:
+        mean = mean1[:, None] + tl.zeros([SC, BLOCK_T], tl.float32)
+        var = var1[:, None] + tl.zeros([SC, BLOCK_T], tl.float32)
+        sw = gw_[:, None] + tl.zeros([SC, BLOCK_T], tl.float32)
+    else:
+        sw, sm, sq = _frame_stats(xk, msk, POOL_ALL)
+        if MODE != 0:
+            sw, sm, sq, sd = _scan(sw, sm, sq, d1 + tl.zeros([SC, BLOCK_T], tl.float32), BLOCK_T, SC, 1,
+                                   False, False)
+            ppt = ppre + it.to(tl.int64) * (3 * SC)
+            pw, pm, pq = tl.load(ppt), tl.load(ppt + SC), tl.load(ppt + 2 * SC)
+            sw, sm, sq, _ = merge(pw[:, None], pm[:, None], pq[:, None], 1.0, sw, sm, sq, sd)
+        mean = sm
+        var = sq / tl.where(sw > 0, sw, 1.0)
+    r = _rstd(var, eps, EPS_OUTSIDE)
+    xhat = tl.where(msk, (xk - mean) * r, 0.0)
+
+    if STORE_GW:  # per-tile partials of dweight and dbias, reduced on the host in a fixed order
+        pgw = (b64 * NT + it) * C + offs_c
+        tl.store(gwp_ptr + pgw, tl.sum(gy * xhat, axis=1), mask=m_c)
+        tl.store(gbp_ptr + pgw, tl.sum(gy, axis=1), mask=m_c)
+
+    # ---- dL/dmu_t and dL/dvar_t of each frame's statistics
+    A = _group_sum(g, POOL_ALL)
+    Bt = _group_sum(g * xhat, POOL_ALL)
+    if MODE == 3:  # GLOBAL: the sums over the whole sequence, from the span sums
+        ta, tb, _ = _span_reduce(ws_ptr, seq.to(tl.int64) * NSPAN * (3 * SC), NSPAN, offs_s, SC, WINDOW, True)
+        A = ta[:, None] + tl.zeros([SC, BLOCK_T], tl.float32)
+        Bt = tb[:, None] + tl.zeros([SC, BLOCK_T], tl.float32)
+    dmu = -r * A
+    if EPS_OUTSIDE:
+        dvar = -0.5 * Bt * r / tl.sqrt(tl.maximum(var, 1e-38))
+    else:
+        dvar = -0.5 * Bt * r * r
+    W = tl.where(sw > 0, sw, 1.0)
+    P = dmu / W  # coefficient of a_{t,tau} in dL/dx_tau
+    R = 2.0 * dvar / W  # coefficient of a_{t,tau} (x_tau - mu_t)
+    Z = tl.zeros([SC, BLOCK_T], tl.float32)
+    if HAS_GSOUT:  # the outgoing state (w, m, M2) at frame length - 1 depends on x too
+        gso_m = tl.load(gsout_ptr + NS + s_off, mask=s_ok, other=0.0).to(tl.float32)[:, None]
+        gso_q = tl.load(gsout_ptr + 2 * NS + s_off, mask=s_ok, other=0.0).to(tl.float32)[:, None]
+        P += tl.where(at, gso_m / W, 0.0)
+        R += tl.where(at, 2.0 * gso_q, 0.0)
+    if HAS_SIN:  # dL/dw_in needs sum_t d^t Z_t
+        pm_in = _state_mean(sin_ptr, s_off, s_ok, NS, K)[:, None]
+        dm_in = pm_in - mean
+        Z = P * dm_in + 0.5 * R * dm_in * dm_in - dvar / W * var
+        if HAS_GSOUT:
+            Z += tl.where(at, tl.load(gsout_ptr + s_off, mask=s_ok, other=0.0).to(tl.float32)[:, None], 0.0)
+    valid_t = m_t[None, :]
+    U = tl.where(valid_t, P - R * mean, 0.0)
+    V = tl.where(valid_t, R, 0.0)
+    Z = tl.where(valid_t, Z, 0.0)
+
+    # ---- suffix sums over later frames: U_tau = sum_{t >= tau} d^(t - tau) U_t, same for V and Z
+    if MODE == 1 or MODE == 2:
+        U, V, Z, sd = _scan(U, V, Z, d1 + tl.zeros([SC, BLOCK_T], tl.float32), BLOCK_T, SC, 1, True, True)
+        is_first = (tl.arange(0, BLOCK_T) == 0)[None, :]
+        au, av, az = _pick(U, is_first), _pick(V, is_first), _pick(Z, is_first)
+        rec0 = seq.to(tl.int64) * NT * (6 * SC)
+        prec = ws_ptr + rec0 + vt.to(tl.int64) * (6 * SC) + offs_s
+        d_tile = tl.exp2(log2d * BLOCK_T)
+        if vt == 0:
+            eu = tl.zeros([SC], dtype=tl.float32)
+            ev = tl.zeros([SC], dtype=tl.float32)
+            ez = tl.zeros([SC], dtype=tl.float32)
+        else:
+            _publish(prec, au, av, az, tag, 0, SC)
+            eu, ev, ez = _lookback(ws_ptr, rec0, vt, tag, d_tile, offs_s, SC, WINDOW, AGG_ONLY, True)
+        iu, iv, iz, _ = lin(eu, ev, ez, 1.0, au, av, az, d_tile)
+        _publish(prec, iu, iv, iz, tag, 1, SC)
+        U, V, Z, _ = lin(eu[:, None], ev[:, None], ez[:, None], 1.0, U, V, Z, sd)
+
+    gx = tl.where(msk, g * r + U + xk * V, 0.0)
+    pgx = gx_ptr + b64 * sdb + offs_c.to(tl.int64)[:, None] * sdc + offs_t.to(tl.int64)[None, :] * sdt
+    tl.store(pgx, gx.to(gx_ptr.dtype.element_ty), mask=m_c[:, None] & (offs_t < T)[None, :])
+
+    if HAS_SIN and (MODE == 1 or MODE == 2):  # the incoming state is frame -1 of weight d^(t+1)
+        if it == 0:
+            is_first = (tl.arange(0, BLOCK_T) == 0)[None, :]
+            u0, v0, z0 = _pick(U, is_first), _pick(V, is_first), _pick(Z, is_first)
+            w_in = tl.load(sin_ptr + s_off, mask=s_ok, other=0.0).to(tl.float32)
+            pm0 = tl.sum(pm_in, axis=1)
+            tl.store(gsin_ptr + s_off, (d1 * z0).to(tl.float64), mask=s_ok)
+            tl.store(gsin_ptr + NS + s_off, (w_in * d1 * (u0 + pm0 * v0)).to(tl.float64), mask=s_ok)
+            tl.store(gsin_ptr + 2 * NS + s_off, (0.5 * d1 * v0).to(tl.float64), mask=s_ok)

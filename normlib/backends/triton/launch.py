@@ -1,13 +1,14 @@
-"""Launchers: tile sizes from the shape, the look-back workspace, and the forward entry point."""
+"""Launchers: tile sizes from the shape, the look-back workspace, forward and backward entry points."""
 from __future__ import annotations
 
 import contextlib
 import math
+from typing import NamedTuple
 
 import torch
 import triton
 
-from .kernels import running_norm_fwd
+from .kernels import running_norm_bwd, running_norm_fwd
 
 FRAME, CUMULATIVE, EMA, GLOBAL = 0, 1, 2, 3
 _OVERRIDE: dict = {}
@@ -16,10 +17,11 @@ _WORKSPACES: dict = {}
 
 @contextlib.contextmanager
 def tile_size(block_t=None, block_c=None, window=None, span=None, walk=None):
-    """Force tile sizes (tests use small tiles so that the look-back runs on small inputs)."""
+    """Force tile sizes (tests use small tiles so that the look-back runs on small inputs); ``walk``
+    makes the look-back ignore published prefixes but tile 0's, so it crosses several windows."""
     old = dict(_OVERRIDE)
-    _OVERRIDE.update({k: v for k, v in dict(block_t=block_t, block_c=block_c, window=window, span=span, walk=walk).items()
-                      if v is not None})
+    _OVERRIDE.update({k: v for k, v in dict(block_t=block_t, block_c=block_c, window=window, span=span,
+                                            walk=walk).items() if v is not None})
     try:
         yield
     finally:
@@ -34,7 +36,7 @@ def time_mode(decay) -> int:
 
 
 def _num_sms(device) -> int:
-    if device.type == "cuda":
+    if device is not None and device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return 4
 
@@ -42,10 +44,7 @@ def _num_sms(device) -> int:
 def choose_tiles(C, T, per_channel, channels_last, device):
     """(BLOCK_C, BLOCK_T, num_warps): about 8K elements per tile, all channels when pooled."""
     c2 = triton.next_power_of_2(C)
-    if per_channel:
-        block_c = min(c2, 64 if channels_last else 16)
-    else:
-        block_c = c2
+    block_c = min(c2, 64 if channels_last else 16) if per_channel else c2
     block_t = max(1, min(triton.next_power_of_2(T), 8192 // block_c, 512))
     block_c = _OVERRIDE.get("block_c", block_c)
     block_t = _OVERRIDE.get("block_t", block_t)
@@ -53,81 +52,138 @@ def choose_tiles(C, T, per_channel, channels_last, device):
     return block_c, block_t, warps
 
 
-def _workspace(device, n_words, dtype):
-    """A zeroed buffer kept per device (grown on demand) and the ticket counter."""
-    key = (device, dtype)
-    ws = _WORKSPACES.get(key)
+class Plan(NamedTuple):
+    mode: int
+    block_c: int
+    block_t: int
+    warps: int
+    ncb: int  # channel blocks
+    sc: int  # statistics per frame and tile: 1 (pooled) or block_c
+    nt: int  # tiles along time
+    window: int
+    span: int  # GLOBAL: tiles per first-launch program
+    nspan: int
+    log2d: float
+
+
+def plan(x, per_channel, decay) -> Plan:
+    B, C, T = x.shape
+    mode = time_mode(decay)
+    channels_last = x.stride(1) == 1 and x.stride(2) != 1
+    bc, bt, warps = choose_tiles(C, T, per_channel, channels_last, x.device)
+    ncb = triton.cdiv(C, bc) if per_channel else 1
+    sc = bc if per_channel else 1
+    nt = triton.cdiv(T, bt)
+    window = _OVERRIDE.get("window", 32 if sc == 1 else 8)
+    want = max(1, 4 * _num_sms(x.device) // max(1, B * ncb))
+    span = _OVERRIDE.get("span", max(1, triton.cdiv(nt, want)))
+    return Plan(mode, bc, bt, warps, ncb, sc, nt, window, span, triton.cdiv(nt, span),
+                math.log2(decay) if mode == EMA else 0.0)
+
+
+def _workspace(device, n_words):
+    """The look-back records (zeroed once, grown on demand) and the ticket counter of a device."""
+    ws = _WORKSPACES.get(device)
     if ws is None or ws.numel() < n_words:
-        ws = torch.zeros(max(n_words, 1 << 12), dtype=dtype, device=device)
-        _WORKSPACES[key] = ws
+        ws = _WORKSPACES[device] = torch.zeros(max(n_words, 1 << 12), dtype=torch.int64, device=device)
     ctr = _WORKSPACES.get((device, "ctr"))
     if ctr is None:
         ctr = _WORKSPACES[(device, "ctr")] = torch.zeros(1, dtype=torch.int64, device=device)
     return ws, ctr
 
 
-def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mode, return_state,
-            save_stats=False):
-    """The backend contract (see normlib.backends); with ``save_stats`` also returns the per-frame
-    (mean - K, 1/std) of pooled norms as a third value."""
+def _launch(kernel, p: Plan, x, B, per_channel, **kw):
+    """Run the kernel: one launch with the look-back, or GLOBAL's two, or a plain grid for FRAME."""
+    flags = dict(POOL_ALL=not per_channel, MODE=p.mode, BLOCK_C=p.block_c,
+                 BLOCK_T=p.block_t, WINDOW=p.window, AGG_ONLY=bool(_OVERRIDE.get("walk")), num_warps=p.warps)
+    sizes = dict(B=B, C=x.shape[1], T=x.shape[2], NCB=p.ncb, NT=p.nt, NSPAN=p.nspan, log2d=p.log2d)
+    if p.mode == GLOBAL:
+        ws = torch.empty(B * p.ncb * p.nspan * 3 * p.sc, dtype=torch.float32, device=x.device)
+        for phase, grid in ((1, (B * p.ncb, p.nspan)), (2, (B * p.ncb, p.nt))):
+            kernel[grid](**kw, ws_ptr=ws, ctr_ptr=ws, **sizes, PHASE=phase, SPAN=p.span, **flags)
+    elif p.mode == FRAME:
+        kernel[(B * p.ncb, p.nt)](**kw, ws_ptr=x, ctr_ptr=x, **sizes, PHASE=0, SPAN=1, **flags)
+    else:
+        ws, ctr = _workspace(x.device, B * p.ncb * p.nt * 6 * p.sc)
+        kernel[(B * p.ncb * p.nt,)](**kw, ws_ptr=ws, ctr_ptr=ctr, **sizes, PHASE=0, SPAN=1,
+                                    **flags)
+
+
+def _check_dtype(x):
     if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise TypeError(f"backend='triton' takes float16, bfloat16 or float32 inputs, got {x.dtype}")
+
+
+def _stacked(state, B, nsc):
+    return None if state is None else torch.stack(list(state)).reshape(3, B, nsc).contiguous()
+
+
+def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mode, return_state,
+            save_for_backward=False):
+    """The backend contract (see normlib.backends) plus, with ``save_for_backward``, what ``backward``
+    needs: the tiles' prefixes (a float32 tensor) and the plan. Returns (y, state_out or None, saved)."""
+    _check_dtype(x)
     B, C, T = x.shape
-    mode = time_mode(decay)
+    p = plan(x, per_channel, decay)
+    nsc = C if per_channel else 1
     y = torch.empty_like(x)
-    dev = x.device
-    NSC = C if per_channel else 1
+    sin = _stacked(state, B, nsc) if p.mode != FRAME else None
     sout = None
-    if return_state:
-        sout = (torch.stack(list(state)).reshape(3, B, NSC).clone() if state is not None
-                else torch.zeros(3, B, NSC, dtype=torch.float64, device=dev))
-    stats = (torch.empty(2, B, T, dtype=torch.float32, device=dev) if save_stats and not per_channel else None)
-    if B == 0 or C == 0 or T == 0:
-        return y.zero_(), (None if sout is None else _state(sout, per_channel)), stats
-
-    channels_last = x.stride(1) == 1 and x.stride(2) != 1
-    BLOCK_C, BLOCK_T, warps = choose_tiles(C, T, per_channel, channels_last, dev)
-    NCB = triton.cdiv(C, BLOCK_C) if per_channel else 1
-    SC = BLOCK_C if per_channel else 1
-    NT = triton.cdiv(T, BLOCK_T)
-    window = _OVERRIDE.get("window", 32 if SC == 1 else 8)
-    sin = torch.stack(list(state)).reshape(3, B, NSC).contiguous() if state is not None and mode != FRAME else None
-    dummy = y
-    args = dict(
-        w_ptr=weight if weight is not None else dummy, b_ptr=bias if bias is not None else dummy,
-        len_ptr=lengths if lengths is not None else dummy, sin_ptr=sin if sin is not None else dummy,
-        sout_ptr=sout if sout is not None else dummy,
-        mean_ptr=stats[0] if stats is not None else dummy, rstd_ptr=stats[1] if stats is not None else dummy,
-    )
-    flags = dict(POOL_ALL=not per_channel, HAS_W=weight is not None, HAS_B=bias is not None,
-                 HAS_LEN=lengths is not None, HAS_SIN=sin is not None, STORE_SOUT=sout is not None,
-                 STORE_STATS=stats is not None, EPS_OUTSIDE=eps_mode == "outside",
-                 BLOCK_C=BLOCK_C, BLOCK_T=BLOCK_T, WINDOW=window, AGG_ONLY=bool(_OVERRIDE.get("walk")),
-                 num_warps=warps)
-    strides = (*x.stride(), *y.stride())
-    log2d = math.log2(decay) if mode == EMA else 0.0
-
-    if mode == GLOBAL:
-        want = max(1, 4 * _num_sms(dev) // (B * NCB))
-        span = _OVERRIDE.get("span", max(1, triton.cdiv(NT, want)))
-        nspan = triton.cdiv(NT, span)
-        ws = torch.empty(B * NCB * nspan * 3 * SC, dtype=torch.float32, device=dev)
-        for phase, grid in ((1, (B * NCB, nspan)), (2, (B * NCB, NT))):
-            running_norm_fwd[grid](x, y, ws_ptr=ws, ctr_ptr=ws, **args, sxb=strides[0], sxc=strides[1],
-                                   sxt=strides[2], syb=strides[3], syc=strides[4], syt=strides[5], B=B, C=C,
-                                   T=T, NCB=NCB, NT=NT, NSPAN=nspan, log2d=log2d, eps=eps, MODE=mode,
-                                   PHASE=phase, SPAN=span, **flags)
+    if return_state:  # rows with lengths == 0 keep the incoming state (or the empty one)
+        sout = (_stacked(state, B, nsc).clone() if state is not None
+                else torch.zeros(3, B, nsc, dtype=torch.float64, device=x.device))
+    pre = (torch.empty(B * p.ncb * p.nt * 3 * p.sc, dtype=torch.float32, device=x.device)
+           if save_for_backward else None)
+    if x.numel():
+        _launch(running_norm_fwd, p, x, B, per_channel, x_ptr=x, y_ptr=y, w_ptr=_or(weight, y), b_ptr=_or(bias, y),
+                len_ptr=_or(lengths, y), sin_ptr=_or(sin, y), sout_ptr=_or(sout, y), pre_ptr=_or(pre, y),
+                sxb=x.stride(0), sxc=x.stride(1), sxt=x.stride(2), syb=y.stride(0), syc=y.stride(1),
+                syt=y.stride(2), eps=eps, HAS_W=weight is not None, HAS_B=bias is not None,
+                HAS_LEN=lengths is not None, HAS_SIN=sin is not None, STORE_SOUT=sout is not None,
+                STORE_PREFIX=pre is not None, EPS_OUTSIDE=eps_mode == "outside")
     else:
-        if mode == FRAME:
-            ws, ctr, grid = y, y, (B * NCB, NT)
-        else:
-            ws, ctr = _workspace(dev, B * NCB * NT * 6 * SC, torch.int64)
-            grid = (B * NCB * NT,)
-        running_norm_fwd[grid](x, y, ws_ptr=ws, ctr_ptr=ctr, **args, sxb=strides[0], sxc=strides[1],
-                               sxt=strides[2], syb=strides[3], syc=strides[4], syt=strides[5], B=B, C=C, T=T,
-                               NCB=NCB, NT=NT, NSPAN=1, log2d=log2d, eps=eps, MODE=mode, PHASE=0, SPAN=1,
-                               **flags)
-    return y, (None if sout is None else _state(sout, per_channel)), stats
+        y.zero_()
+    return y, (None if sout is None else _state(sout, per_channel)), (pre, p)
+
+
+def backward(gy, gsout, x, weight, lengths, state, pre, p: Plan, *, per_channel, decay, eps, eps_mode,
+             need_weight_grads):
+    """Gradients of ``forward``: (dx, dweight, dbias, dstate as a (3, B, C|1) float64 tensor or None).
+
+    ``pre`` and ``p`` are what the forward saved; ``gsout`` is the (3, B, C|1) gradient of the returned
+    state, or None."""
+    B, C, T = x.shape
+    nsc = C if per_channel else 1
+    gx = torch.empty_like(x)
+    sin = _stacked(state, B, nsc) if p.mode != FRAME else None
+    gsin = torch.zeros(3, B, nsc, dtype=torch.float64, device=x.device) if state is not None else None
+    gwp = torch.empty(2, B, p.nt, C, dtype=torch.float32, device=x.device) if need_weight_grads else None
+    if x.numel():
+        _launch(running_norm_bwd, p, x, B, per_channel, x_ptr=x, gy_ptr=gy, gx_ptr=gx,
+                w_ptr=_or(weight, gx), len_ptr=_or(lengths, gx), sin_ptr=_or(sin, gx),
+                gsout_ptr=_or(gsout, gx), gsin_ptr=_or(gsin, gx), pre_ptr=pre,
+                gwp_ptr=gwp[0] if gwp is not None else gx, gbp_ptr=gwp[1] if gwp is not None else gx,
+                sxb=x.stride(0), sxc=x.stride(1), sxt=x.stride(2), sgb=gy.stride(0), sgc=gy.stride(1),
+                sgt=gy.stride(2), sdb=gx.stride(0), sdc=gx.stride(1), sdt=gx.stride(2), eps=eps,
+                HAS_W=weight is not None, HAS_LEN=lengths is not None, HAS_SIN=sin is not None,
+                HAS_GSOUT=gsout is not None, STORE_GW=gwp is not None, EPS_OUTSIDE=eps_mode == "outside")
+    else:
+        gx.zero_()
+        if gwp is not None:
+            gwp.zero_()
+    if gsin is not None and gsout is not None:
+        if lengths is not None:  # a sequence with no frame passed its state straight through
+            gsin = torch.where((lengths == 0).view(1, B, 1), gsin + gsout, gsin)
+        elif T == 0:
+            gsin = gsin + gsout
+    gw = gb = None
+    if gwp is not None:  # deterministic: a fixed-order reduction of per-tile float32 partials
+        gw, gb = gwp.sum(dim=(1, 2)).unbind(0)
+    return gx, gw, gb, gsin
+
+
+def _or(t, dummy):
+    return t if t is not None else dummy
 
 
 def _state(s, per_channel):
