@@ -177,7 +177,7 @@ def _t(fn):
     return do_bench(fn, warmup=10, rep=60, return_mode="median")
 
 
-def bench(quick, stage):
+def bench(quick, stage, out):
     """stage "eager": normlib, the eager reference and the copy; stage "compile": torch.compile of the
     reference. Times in ms: forward, backward alone (normlib), and a training step (forward + backward)."""
     print(f"== timings ({stage}), median of do_bench with the L2 flushed", flush=True)
@@ -220,6 +220,8 @@ def bench(quick, stage):
                         except Exception as exc:  # pragma: no cover
                             print("  compile failed", name, type(exc).__name__, str(exc)[:200], flush=True)
                     rows.append(row)
+                    with open(os.path.join(out, f"rows-{stage}.jsonl"), "a") as f:
+                        f.write(json.dumps(row) + "\n")
                     print("  " + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                                           for k, v in row.items()), flush=True)
                 del x, gy, xg, xr, gyr, xrg
@@ -263,7 +265,7 @@ def main():
     result = dict(head=head, fails=FAILS)
     for stage in ("eager", "compile"):
         if stage in stages:
-            result[stage] = bench(a.quick, stage)
+            result[stage] = bench(a.quick, stage, a.out)
             with open(os.path.join(a.out, f"report-{stage}.json"), "w") as f:
                 json.dump(dict(result, rows=result[stage]), f)
     if "eager" in stages:
