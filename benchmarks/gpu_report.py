@@ -86,7 +86,7 @@ def run_checks(quick):
                     check(f"{name} {dn} {layout!r} B{B}-C{C}-T{T}", ok, f"y {e:.1e} state {e_s:.1e}")
 
     print("== chunked streaming equals the whole sequence", flush=True)
-    B, C, T = (2, 256, 64000) if not quick else (2, 64, 5000)
+    B, C, T = (2, 256, 64000) if not quick else (2, 64, 30000)
     for layout in ("b c t", "b t c"):
         x = make(B, C, T, torch.float32, layout, seed=7)
         for name in NORMS:
@@ -104,6 +104,7 @@ def run_checks(quick):
             check(f"stream {name} {layout!r}", e < 1e-5, f"{e:.1e}")
 
     print("== gradients against autograd of the float64 reference; determinism", flush=True)
+    torch.use_deterministic_algorithms(True)  # the look-back then combines in a fixed grouping
     shapes = [(3, 50, 1001), (4, 512, 4000)] if not quick else [(3, 50, 1001)]
     for (B, C, T) in shapes:
         for dn in ("fp32", "bf16"):
@@ -152,6 +153,8 @@ def run_checks(quick):
                     check(f"grad {name} {dn} {layout!r} B{B}-C{C}-T{T}", ok,
                           "dx dw db dstate " + " ".join(f"{e:.1e}" for e in errs) + ("" if same else " NOT DETERMINISTIC"))
 
+    torch.use_deterministic_algorithms(False)
+
     print("== DC offset 1e4, fp32", flush=True)
     x = make(4, 256, 20000, torch.float32, "b c t", offset=1e4, seed=3)
     for name in NORMS:
@@ -163,7 +166,7 @@ def run_checks(quick):
     B, C, T = 2, 256, (1 << 22) + 3
     assert B * C * T > 2**31
     x = make(B, C, T, torch.float16, "b c t", seed=11)
-    for name in ("cln", "gln"):
+    for name in (("cln", "gln") if not quick else ("gln",)):
         y = norm(spec_of(name), x, backend="triton")
         yr = R.REFERENCES[name](x[1:].double())  # the second sequence lies past 2^31 elements
         e = rel(y[1:], yr)
@@ -174,7 +177,7 @@ def run_checks(quick):
 
 
 def _t(fn):
-    return do_bench(fn, warmup=10, rep=60, return_mode="median")
+    return do_bench(fn, warmup=5, rep=30, return_mode="median")
 
 
 def bench(quick, stage, out):

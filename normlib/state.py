@@ -63,7 +63,7 @@ def merge(old: NormState, new: NormState, decay) -> NormState:
     w = w_old + new.w
     delta = new.m - old.m
     frac = new.w / torch.where(w > 0, w, 1)  # an empty merge (w = 0) keeps the old mean
-    m = old.m + delta * frac
+    m = torch.where(w_old > 0, old.m + delta * frac, torch.where(new.w > 0, new.m, old.m))  # exact if old is empty
     m2 = decay * old.m2 + new.m2 + delta * delta * w_old * frac
     return NormState(w, m, m2)
 

@@ -34,7 +34,8 @@ def merge(w1, m1, q1, d1, w2, m2, q2, d2):
     w = wo + w2
     delta = m2 - m1
     frac = w2 / tl.where(w > 0, w, 1.0)
-    return w, m1 + delta * frac, d2 * q1 + q2 + delta * delta * wo * frac, d1 * d2
+    m = tl.where(wo > 0, m1 + delta * frac, m2)  # an empty older summary must not round the mean
+    return w, m, d2 * q1 + q2 + delta * delta * wo * frac, d1 * d2
 
 
 @triton.jit
@@ -56,8 +57,10 @@ def _scan(w, m, q, d, N: tl.constexpr, SC: tl.constexpr, AXIS: tl.constexpr, LIN
           REVERSE: tl.constexpr):
     """Inclusive scan of [N, SC] (AXIS 0) or [SC, N] (AXIS 1) summaries; REVERSE scans from the end
     (the later element is the older one). With SC == 1 it scans a 1D vector: Triton 3.6's scan lowering
-    asserts on some layouts of a unit dim."""
-    if SC == 1:
+    asserts on some layouts of a unit dim; a scan over one element is skipped (it is the identity)."""
+    if N == 1:
+        return w, m, q, d
+    elif SC == 1:
         t = (tl.reshape(w, [N]), tl.reshape(m, [N]), tl.reshape(q, [N]), tl.reshape(d, [N]))
         if LINEAR:
             w, m, q, d = tl.associative_scan(t, axis=0, combine_fn=lin, reverse=REVERSE)
@@ -104,7 +107,7 @@ def _ticket(ctr_ptr, n_tiles):
     ticket = tl.atomic_add(ctr_ptr, 1)
     tile_id = (ticket & 0xFFFFFFFF).to(tl.int32)
     tag = ((ticket >> 32) & 0x3FFFFFFF).to(tl.int32) + 1
-    next_epoch = (tl.full([], 1, tl.int64) << 32) - n_tiles.to(tl.int64)
+    next_epoch = (tl.full([], 1, tl.int64) << 32) - (n_tiles + tl.zeros([], tl.int64))
     tl.atomic_add(ctr_ptr, next_epoch, mask=tile_id == n_tiles - 1)
     return tile_id, tag
 
@@ -119,7 +122,7 @@ def _publish(prec, a, b, c, tag, SLOT: tl.constexpr, SC: tl.constexpr):
 
 @triton.jit
 def _lookback(ws_ptr, rec0, tile, tag, d_tile, offs_s, SC: tl.constexpr, WINDOW: tl.constexpr,
-              AGG_ONLY: tl.constexpr, LINEAR: tl.constexpr):
+              AGG_ONLY: tl.constexpr, DETERMINISTIC: tl.constexpr, LINEAR: tl.constexpr):
     """The exclusive prefix of ``tile`` (> 0, in start order) from its predecessors' records.
 
     A record is 6*SC int64 words: the aggregate (3 values) then the inclusive prefix (3 values); every
@@ -149,6 +152,8 @@ def _lookback(ws_ptr, rec0, tile, tag, d_tile, offs_s, SC: tl.constexpr, WINDOW:
         inc_ok = tl.where(ok_j, inc_ok, 0)
         if AGG_ONLY:  # tests: ignore published prefixes but tile 0's, so the walk crosses windows
             inc_ok = tl.where(j == 0, inc_ok, 0)
+        if DETERMINISTIC:  # a fixed grouping: only the prefix of the window-aligned tile below counts
+            inc_ok = tl.where(j == ((tile - 1) // WINDOW) * WINDOW, inc_ok, 0)
         k = tl.max(tl.where(inc_ok > 0, offs_w, -1), axis=0)  # newest published prefix in the window
         ready = tl.min(tl.where(offs_w > k, agg_ok, 1), axis=0)
         if ready > 0:
@@ -239,8 +244,8 @@ def _tile_sum(v, POOL_ALL: tl.constexpr):
 
 @triton.jit
 def _rstd(var, eps, EPS_OUTSIDE: tl.constexpr):
-    if EPS_OUTSIDE:
-        return 1.0 / (tl.sqrt(tl.maximum(var, 0.0)) + eps)
+    if EPS_OUTSIDE:  # sqrt of at least the smallest normal float, so that eps = 0 gives no 0 * inf
+        return 1.0 / (tl.sqrt(tl.maximum(var, 1.1754944e-38)) + eps)
     else:
         return 1.0 / tl.sqrt(tl.maximum(var, 0.0) + eps)
 
@@ -264,16 +269,16 @@ def running_norm_fwd(
     HAS_W: tl.constexpr, HAS_B: tl.constexpr, HAS_LEN: tl.constexpr, HAS_SIN: tl.constexpr,
     STORE_SOUT: tl.constexpr, STORE_PREFIX: tl.constexpr, EPS_OUTSIDE: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr, SPAN: tl.constexpr, WINDOW: tl.constexpr,
-    AGG_ONLY: tl.constexpr = False,
+    DETERMINISTIC: tl.constexpr = False, AGG_ONLY: tl.constexpr = False,
 ):
     SC: tl.constexpr = 1 if POOL_ALL else BLOCK_C  # statistics per frame: one, or one per channel
     if MODE == 1 or MODE == 2:  # tile-major ticket order: tile i of every sequence before tile i + 1
         tile_id, tag = _ticket(ctr_ptr, B * NCB * NT)
         it = tile_id // (B * NCB)
         seq = tile_id % (B * NCB)
-    else:
-        seq = tl.program_id(0)
-        it = tl.program_id(1)
+    else:  # a 1D grid (the second grid dim stops at 65535 tiles), tile-major like the tickets
+        it = tl.program_id(0) // (B * NCB)
+        seq = tl.program_id(0) % (B * NCB)
     b64 = (seq // NCB).to(tl.int64)
     cb = seq % NCB
     offs_c = cb * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -343,7 +348,7 @@ def running_norm_fwd(
                     pq = tl.load(sin_ptr + 2 * NS + s_off, mask=s_ok, other=0.0).to(tl.float32)
             else:
                 _publish(prec, aw, am, aq, tag, 0, SC)
-                pw, pm, pq = _lookback(ws_ptr, rec0, it, tag, d_tile, offs_s, SC, WINDOW, AGG_ONLY, False)
+                pw, pm, pq = _lookback(ws_ptr, rec0, it, tag, d_tile, offs_s, SC, WINDOW, AGG_ONLY, DETERMINISTIC, False)
             iw, im, iq, _ = merge(pw, pm, pq, 1.0, aw, am, aq, d_tile)
             _publish(prec, iw, im, iq, tag, 1, SC)
             if STORE_PREFIX:
@@ -395,7 +400,7 @@ def running_norm_bwd(
     HAS_W: tl.constexpr, HAS_LEN: tl.constexpr, HAS_SIN: tl.constexpr, HAS_GSOUT: tl.constexpr,
     STORE_GW: tl.constexpr, EPS_OUTSIDE: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr, SPAN: tl.constexpr, WINDOW: tl.constexpr,
-    AGG_ONLY: tl.constexpr = False,
+    DETERMINISTIC: tl.constexpr = False, AGG_ONLY: tl.constexpr = False,
 ):
     SC: tl.constexpr = 1 if POOL_ALL else BLOCK_C
     if MODE == 1 or MODE == 2:  # reverse order: the last tile of every sequence starts first
@@ -404,8 +409,8 @@ def running_norm_bwd(
         it = NT - 1 - vt
         seq = tile_id % (B * NCB)
     else:
-        seq = tl.program_id(0)
-        it = tl.program_id(1)
+        it = tl.program_id(0) // (B * NCB)
+        seq = tl.program_id(0) % (B * NCB)
     b64 = (seq // NCB).to(tl.int64)
     cb = seq % NCB
     offs_c = cb * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -490,7 +495,7 @@ def running_norm_bwd(
         Bt = tb[:, None] + tl.zeros([SC, BLOCK_T], tl.float32)
     dmu = -r * A
     if EPS_OUTSIDE:
-        dvar = -0.5 * Bt * r / tl.sqrt(tl.maximum(var, 1e-38))
+        dvar = -0.5 * Bt * r / tl.sqrt(tl.maximum(var, 1.1754944e-38))
     else:
         dvar = -0.5 * Bt * r * r
     W = tl.where(sw > 0, sw, 1.0)
@@ -527,7 +532,7 @@ def running_norm_bwd(
             ez = tl.zeros([SC], dtype=tl.float32)
         else:
             _publish(prec, au, av, az, tag, 0, SC)
-            eu, ev, ez = _lookback(ws_ptr, rec0, vt, tag, d_tile, offs_s, SC, WINDOW, AGG_ONLY, True)
+            eu, ev, ez = _lookback(ws_ptr, rec0, vt, tag, d_tile, offs_s, SC, WINDOW, AGG_ONLY, DETERMINISTIC, True)
         iu, iv, iz, _ = lin(eu, ev, ez, 1.0, au, av, az, d_tile)
         _publish(prec, iu, iv, iz, tag, 1, SC)
         U, V, Z, _ = lin(eu[:, None], ev[:, None], ez[:, None], 1.0, U, V, Z, sd)

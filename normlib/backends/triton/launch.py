@@ -44,9 +44,8 @@ def _num_sms(device) -> int:
 def choose_tiles(C, T, per_channel, channels_last, device):
     """(BLOCK_C, BLOCK_T, num_warps): about 8K elements per tile, all channels when pooled."""
     c2 = triton.next_power_of_2(C)
-    block_c = min(c2, 64 if channels_last else 16) if per_channel else c2
+    block_c = min(_OVERRIDE.get("block_c", 64 if channels_last else 16), c2) if per_channel else c2
     block_t = max(1, min(triton.next_power_of_2(T), 8192 // block_c, 512))
-    block_c = _OVERRIDE.get("block_c", block_c)
     block_t = _OVERRIDE.get("block_t", block_t)
     warps = 8 if block_c * block_t >= 4096 else 4
     return block_c, block_t, warps
@@ -94,15 +93,16 @@ def _workspace(device, n_words):
 
 def _launch(kernel, p: Plan, x, B, per_channel, **kw):
     """Run the kernel: one launch with the look-back, or GLOBAL's two, or a plain grid for FRAME."""
-    flags = dict(POOL_ALL=not per_channel, MODE=p.mode, BLOCK_C=p.block_c,
-                 BLOCK_T=p.block_t, WINDOW=p.window, AGG_ONLY=bool(_OVERRIDE.get("walk")), num_warps=p.warps)
+    flags = dict(POOL_ALL=not per_channel, MODE=p.mode, BLOCK_C=p.block_c, BLOCK_T=p.block_t, WINDOW=p.window,
+                 DETERMINISTIC=torch.are_deterministic_algorithms_enabled(),
+                 AGG_ONLY=bool(_OVERRIDE.get("walk")), num_warps=p.warps)
     sizes = dict(B=B, C=x.shape[1], T=x.shape[2], NCB=p.ncb, NT=p.nt, NSPAN=p.nspan, log2d=p.log2d)
     if p.mode == GLOBAL:
         ws = torch.empty(B * p.ncb * p.nspan * 3 * p.sc, dtype=torch.float32, device=x.device)
-        for phase, grid in ((1, (B * p.ncb, p.nspan)), (2, (B * p.ncb, p.nt))):
+        for phase, grid in ((1, (B * p.ncb * p.nspan,)), (2, (B * p.ncb * p.nt,))):
             kernel[grid](**kw, ws_ptr=ws, ctr_ptr=ws, **sizes, PHASE=phase, SPAN=p.span, **flags)
     elif p.mode == FRAME:
-        kernel[(B * p.ncb, p.nt)](**kw, ws_ptr=x, ctr_ptr=x, **sizes, PHASE=0, SPAN=1, **flags)
+        kernel[(B * p.ncb * p.nt,)](**kw, ws_ptr=x, ctr_ptr=x, **sizes, PHASE=0, SPAN=1, **flags)
     else:
         ws, ctr = _workspace(x.device, B * p.ncb * p.nt * 6 * p.sc)
         kernel[(B * p.ncb * p.nt,)](**kw, ws_ptr=ws, ctr_ptr=ctr, **sizes, PHASE=0, SPAN=1,
