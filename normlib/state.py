@@ -62,8 +62,10 @@ def merge(old: NormState, new: NormState, decay) -> NormState:
     w_old = decay * old.w
     w = w_old + new.w
     delta = new.m - old.m
-    frac = new.w / torch.where(w > 0, w, 1)  # an empty merge (w = 0) keeps the old mean
-    m = torch.where(w_old > 0, old.m + delta * frac, torch.where(new.w > 0, new.m, old.m))  # exact if old is empty
+    inv = 1 / torch.where(w > 0, w, 1)  # an empty merge (w = 0) keeps the old mean
+    frac = new.w * inv
+    # from the heavier side, so that merging with an empty summary leaves the mean exact
+    m = torch.where(w_old >= new.w, old.m + delta * frac, new.m - delta * (w_old * inv))
     m2 = decay * old.m2 + new.m2 + delta * delta * w_old * frac
     return NormState(w, m, m2)
 

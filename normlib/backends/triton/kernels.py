@@ -33,9 +33,10 @@ def merge(w1, m1, q1, d1, w2, m2, q2, d2):
     wo = d2 * w1
     w = wo + w2
     delta = m2 - m1
-    frac = w2 / tl.where(w > 0, w, 1.0)
-    m = tl.where(wo > 0, m1 + delta * frac, m2)  # an empty older summary must not round the mean
-    return w, m, d2 * q1 + q2 + delta * delta * wo * frac, d1 * d2
+    inv = 1.0 / tl.where(w > 0, w, 1.0)
+    frac = w2 * inv
+    m = tl.where(wo >= w2, m1 + delta * frac, m2 - delta * (wo * inv))  # from the heavier side: exact
+    return w, m, d2 * q1 + q2 + delta * delta * wo * frac, d1 * d2     # when the other weighs nothing
 
 
 @triton.jit
@@ -163,12 +164,27 @@ def _lookback(ws_ptr, rec0, tile, tag, d_tile, offs_s, SC: tl.constexpr, WINDOW:
             sb = tl.where(keep, tl.where(use_inc, ib, ab), 0.0)
             sc = tl.where(keep, tl.where(use_inc, ic, ac), 0.0)
             sd = tl.where(keep & (offs_w > k)[:, None], d_tile, 1.0) + tl.zeros([WINDOW, SC], tl.float32)
-            sa, sb, sc, sd = _scan(sa, sb, sc, sd, WINDOW, SC, 0, LINEAR, False)
-            last = (offs_w == WINDOW - 1)[:, None]
-            acc_a, acc_b, acc_c, acc_d = _combine(
-                tl.sum(tl.where(last, sa, 0.0), axis=0), tl.sum(tl.where(last, sb, 0.0), axis=0),
-                tl.sum(tl.where(last, sc, 0.0), axis=0), tl.sum(tl.where(last, sd, 0.0), axis=0),
-                acc_a, acc_b, acc_c, acc_d, LINEAR)
+            if SC == 1:
+                sa, sb, sc, sd = _scan(sa, sb, sc, sd, WINDOW, SC, 0, LINEAR, False)
+                last = (offs_w == WINDOW - 1)[:, None]
+                ta = tl.sum(tl.where(last, sa, 0.0), axis=0)
+                tb = tl.sum(tl.where(last, sb, 0.0), axis=0)
+                tc = tl.sum(tl.where(last, sc, 0.0), axis=0)
+                td = tl.sum(tl.where(last, sd, 0.0), axis=0)
+            else:  # row by row, oldest first: with a scan along axis 0 of [WINDOW, SC] here, per-channel
+                # EMA streaming went wrong on the GPU (Triton 3.6, "b c t"); an explicit order leaves
+                # nothing to the scan lowering
+                ta = tl.zeros([SC], dtype=tl.float32)
+                tb = tl.zeros([SC], dtype=tl.float32)
+                tc = tl.zeros([SC], dtype=tl.float32)
+                td = tl.full([SC], 1.0, dtype=tl.float32)
+                for i in tl.static_range(WINDOW):
+                    row = (offs_w == i)[:, None]
+                    ta, tb, tc, td = _combine(ta, tb, tc, td, tl.sum(tl.where(row, sa, 0.0), axis=0),
+                                              tl.sum(tl.where(row, sb, 0.0), axis=0),
+                                              tl.sum(tl.where(row, sc, 0.0), axis=0),
+                                              tl.sum(tl.where(row, sd, 0.0), axis=0), LINEAR)
+            acc_a, acc_b, acc_c, acc_d = _combine(ta, tb, tc, td, acc_a, acc_b, acc_c, acc_d, LINEAR)
             if k >= 0:
                 done = 1
             else:

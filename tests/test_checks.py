@@ -1,0 +1,311 @@
+"""Every bad input raises, with a message that names the argument (functional API and layers)."""
+import pytest
+import torch
+
+import normlib
+import normlib.backends
+from normlib import NormState
+from conftest import CAUSAL, EMA, GLOBAL, NORMS, SPECS, make_state, run, state_shape
+
+F = normlib.functional
+NON_EMA = tuple(n for n in NORMS if n not in EMA)
+
+
+def x_(B=2, C=4, T=6, **kw):
+    return torch.randn(B, C, T, **kw)
+
+
+# ---------------------------------------------------------------------------------------------------
+# x
+# ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("shape", [(4, 6), (2, 4, 6, 1), (6,), ()], ids=["rank2", "rank4", "rank1", "rank0"])
+@pytest.mark.parametrize("name", NORMS)
+def test_wrong_rank(name, shape):
+    with pytest.raises(ValueError, match=r"x must have 3 dims"):
+        run(name, torch.randn(shape))
+
+
+@pytest.mark.parametrize("layout", ["b c t", "b t c"])
+def test_wrong_rank_names_layout(layout):
+    with pytest.raises(ValueError, match=r"x must have 3 dims.*" + layout):
+        run("cln", torch.randn(4, 6), layout=layout)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.bool, torch.complex64, torch.uint8])
+@pytest.mark.parametrize("name", NORMS)
+def test_non_floating_x(name, dtype):
+    x = torch.ones(2, 4, 6, dtype=dtype)
+    with pytest.raises(TypeError, match=r"x must be a floating tensor"):
+        run(name, x)
+
+
+def test_x_not_a_tensor():
+    with pytest.raises(TypeError, match=r"x must be a torch.Tensor"):
+        run("cln", [[[1.0, 2.0]]])
+
+
+@pytest.mark.parametrize("layout", ["b c t", "b t c"])
+@pytest.mark.parametrize("name", NORMS)
+def test_channel_count_mismatch_in_layer(name, layout):
+    layer = normlib.create(name, 5, layout=layout, backend="torch")
+    x = torch.randn(2, 4, 7) if layout == "b c t" else torch.randn(2, 7, 4)
+    with pytest.raises(ValueError, match=r"x has 4 channels.*num_channels=5"):
+        layer(x)
+    # the other layout's reading of the same tensor: 7 channels
+    layer_wrong = normlib.create(name, 4, layout="b t c" if layout == "b c t" else "b c t", backend="torch")
+    with pytest.raises(ValueError, match=r"x has 7 channels.*num_channels=4"):
+        layer_wrong(x)
+
+
+def test_channel_count_mismatch_functional():
+    with pytest.raises(ValueError, match=r"num_channels=5"):
+        F.cln(x_(C=4), backend="torch", num_channels=5)
+
+
+# ---------------------------------------------------------------------------------------------------
+# weight and bias
+# ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("arg", ["weight", "bias"])
+@pytest.mark.parametrize("name", NORMS)
+def test_affine_wrong_shape(name, arg):
+    with pytest.raises(ValueError, match=rf"{arg} must be a tensor of shape \(4,\)"):
+        run(name, x_(C=4), **{arg: torch.ones(5)})
+    with pytest.raises(ValueError, match=rf"{arg} must be a tensor of shape \(4,\)"):
+        run(name, x_(C=4), **{arg: torch.ones(4, 1)})
+    with pytest.raises(ValueError, match=rf"{arg} must be a tensor"):
+        run(name, x_(C=4), **{arg: [1.0] * 4})
+
+
+@pytest.mark.parametrize("arg", ["weight", "bias"])
+def test_affine_non_floating(arg):
+    with pytest.raises(TypeError, match=rf"{arg} must be floating"):
+        run("cln", x_(C=4), **{arg: torch.ones(4, dtype=torch.int64)})
+
+
+@pytest.mark.parametrize("arg", ["weight", "bias"])
+@pytest.mark.parametrize("name", NORMS)
+def test_affine_on_another_device(name, arg):
+    with pytest.raises(ValueError, match=rf"{arg} is on meta but x is on cpu"):
+        run(name, x_(C=4), **{arg: torch.ones(4, device="meta")})
+
+
+def test_layer_moved_to_meta_refuses_cpu_input():
+    layer = normlib.create("gln", 4, backend="torch").to("meta")
+    with pytest.raises(ValueError, match=r"weight is on meta"):
+        layer(x_(C=4))
+
+
+# ---------------------------------------------------------------------------------------------------
+# lengths
+# ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("lengths", [torch.tensor([6]), torch.tensor([6, 6, 6]), torch.tensor([[6], [6]]),
+                                     torch.tensor(6)], ids=["short", "long", "2d", "scalar"])
+@pytest.mark.parametrize("name", NORMS)
+def test_lengths_wrong_shape(name, lengths):
+    with pytest.raises(ValueError, match=r"lengths must have shape \(2,\)"):
+        run(name, x_(B=2), lengths=lengths)
+
+
+@pytest.mark.parametrize("lengths", [[7, 3], [-1, 3], [0, 100]], ids=["above-T", "negative", "far-above"])
+@pytest.mark.parametrize("name", NORMS)
+def test_lengths_out_of_range(name, lengths):
+    with pytest.raises(ValueError, match=r"lengths must lie in \[0, T=6\]"):
+        run(name, x_(B=2, T=6), lengths=torch.tensor(lengths))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bool, torch.complex64])
+@pytest.mark.parametrize("name", NORMS)
+def test_lengths_non_integer(name, dtype):
+    with pytest.raises(TypeError, match=r"lengths must be an integer tensor"):
+        run(name, x_(B=2, T=6), lengths=torch.tensor([6, 3]).to(dtype))
+
+
+def test_lengths_float_list():
+    with pytest.raises(TypeError, match=r"lengths must be an integer tensor"):
+        run("cln", x_(B=2, T=6), lengths=[6.0, 3.5])
+
+
+def test_lengths_on_another_device():
+    with pytest.raises(ValueError, match=r"lengths is on meta but x is on cpu"):
+        run("cln", x_(B=2, T=6), lengths=torch.tensor([6, 3], device="meta"))
+
+
+# ---------------------------------------------------------------------------------------------------
+# state and return_state
+# ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", CAUSAL)
+def test_state_wrong_shape(name):
+    B, C = 2, 4
+    good = make_state(name, B, C)
+    wrong_shapes = [(B + 1,), (B, C + 1), (B, C, 1)] if SPECS[name].per_channel else [(B + 1,), (B, C), (B, 1)]
+    for shape in wrong_shapes:
+        for i, field in enumerate(NormState._fields):
+            fields = list(good)
+            fields[i] = torch.zeros(shape)
+            with pytest.raises(ValueError, match=rf"state\.{field} must have shape {tuple(state_shape(name, B, C))}"
+                               .replace("(", r"\(").replace(")", r"\)")):
+                run(name, x_(B, C), state=NormState(*fields))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("name", CAUSAL)
+def test_state_wrong_dtype(name, dtype):
+    """States are float64 whatever the input dtype; any other state dtype is refused, naming the field."""
+    B, C = 2, 4
+    good = make_state(name, B, C)
+    run(name, x_(B, C, dtype=dtype), state=good)  # accepted
+    for i, field in enumerate(NormState._fields):
+        for bad in (torch.float32, torch.float16, torch.int64):
+            fields = list(good)
+            fields[i] = fields[i].to(bad)
+            with pytest.raises(TypeError, match=rf"state\.{field} must be torch.float64, got {bad}"):
+                run(name, x_(B, C, dtype=dtype), state=NormState(*fields))
+
+
+@pytest.mark.parametrize("name", CAUSAL)
+def test_state_wrong_device(name):
+    B, C = 2, 4
+    good = make_state(name, B, C)
+    with pytest.raises(ValueError, match=r"state\.w is on meta but x is on cpu"):
+        run(name, x_(B, C), state=good.to("meta"))
+    with pytest.raises(ValueError, match=r"state\.m2 is on meta but x is on cpu"):
+        run(name, x_(B, C), state=NormState(good.w, good.m, good.m2.to("meta")))
+
+
+@pytest.mark.parametrize("name", CAUSAL)
+def test_state_not_a_normstate(name):
+    good = make_state(name, 2, 4)
+    with pytest.raises(TypeError, match=r"state must be a normlib.NormState"):
+        run(name, x_(2, 4), state=tuple(good))
+    with pytest.raises(TypeError, match=r"state must be a normlib.NormState"):
+        run(name, x_(2, 4), state=good.w)
+
+
+@pytest.mark.parametrize("name", GLOBAL)
+def test_global_norms_refuse_state(name):
+    with pytest.raises(ValueError, match=rf"'{name}' is not causal.*takes no state"):
+        run(name, x_(2, 4), state=NormState.empty(state_shape(name, 2, 4)))
+    with pytest.raises(ValueError, match=rf"'{name}' is not causal.*returns none"):
+        run(name, x_(2, 4), return_state=True)
+    layer = normlib.create(name, 4, backend="torch")
+    with pytest.raises(ValueError, match=r"state"):
+        layer(x_(2, 4), return_state=True)
+
+
+# ---------------------------------------------------------------------------------------------------
+# hyper-parameters: decay, eps, eps_mode, layout, backend (functional and layer constructors)
+# ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("decay", [-0.1, 1.0001, 2, float("nan"), float("inf"), True, "0.5"],
+                         ids=["neg", "above1", "two", "nan", "inf", "bool", "str"])
+@pytest.mark.parametrize("name", EMA)
+def test_decay_outside_unit_interval(name, decay):
+    with pytest.raises(ValueError, match=r"decay must be a number in \[0, 1\]"):
+        run(name, x_(), decay=decay)
+    with pytest.raises(ValueError, match=r"decay must be a number in \[0, 1\]"):
+        normlib.create(name, 4, decay=decay)
+
+
+@pytest.mark.parametrize("name", EMA)
+def test_decay_bounds_accepted(name):
+    for decay in ((1, 1.0, 0.5, 1e-3) if SPECS[name].per_channel else (0, 0.0, 1, 1.0, 0.5)):
+        run(name, x_(), decay=decay)
+        normlib.create(name, 4, decay=decay)
+
+
+@pytest.mark.parametrize("decay", [0, 0.0])
+@pytest.mark.parametrize("name", [n for n in EMA if SPECS[n].per_channel])
+def test_per_channel_ema_refuses_decay_zero(name, decay):
+    """decay 0 makes a per-channel EMA a per-channel single-frame norm (variance 0): refused, like the spec."""
+    with pytest.raises(ValueError, match=rf"decay=0 makes '{name}' a per-channel single-frame norm"):
+        run(name, x_(), decay=decay)
+    with pytest.raises(ValueError, match=r"decay=0"):
+        normlib.create(name, 4, decay=decay)
+
+
+@pytest.mark.parametrize("decay", [0.5, 1.0, 0.0])
+@pytest.mark.parametrize("name", NON_EMA)
+def test_decay_given_to_non_ema_norm(name, decay):
+    with pytest.raises(ValueError, match=rf"decay is only accepted by EMA norms, not by '{name}'"):
+        run(name, x_(), decay=decay)
+    with pytest.raises(ValueError, match=r"decay is only accepted by EMA norms"):
+        normlib.create(name, 4, decay=decay)
+
+
+@pytest.mark.parametrize("eps", [-1e-8, -1.0, float("nan"), float("inf"), True, "1e-5", None],
+                         ids=["tiny-neg", "neg", "nan", "inf", "bool", "str", "none"])
+@pytest.mark.parametrize("name", NORMS)
+def test_bad_eps(name, eps):
+    with pytest.raises(ValueError, match=r"eps must be a finite number >= 0"):
+        run(name, x_(), eps=eps)
+    with pytest.raises(ValueError, match=r"eps must be a finite number >= 0"):
+        normlib.create(name, 4, eps=eps)
+
+
+def test_eps_zero_and_int_accepted():
+    x = x_()
+    assert torch.isfinite(run("cln", x, eps=0)).all()
+    assert torch.equal(run("cln", x, eps=1), run("cln", x, eps=1.0))
+
+
+@pytest.mark.parametrize("eps_mode", ["Inside", "in", "", None, "sqrt"])
+@pytest.mark.parametrize("name", NORMS)
+def test_unknown_eps_mode(name, eps_mode):
+    with pytest.raises(ValueError, match=r"eps_mode must be one of \('inside', 'outside'\)"):
+        run(name, x_(), eps_mode=eps_mode)
+    with pytest.raises(ValueError, match=r"eps_mode must be one of"):
+        normlib.create(name, 4, eps_mode=eps_mode)
+
+
+@pytest.mark.parametrize("layout", ["b c", "t c b", "c b t", "nct", "", "b t c t"])
+@pytest.mark.parametrize("name", NORMS)
+def test_unknown_layout(name, layout):
+    with pytest.raises(ValueError, match=r"layout must be one of \('b c t', 'b t c'\)"):
+        run(name, x_(), layout=layout)
+    with pytest.raises(ValueError, match=r"layout must be one of"):
+        normlib.create(name, 4, layout=layout)
+
+
+@pytest.mark.parametrize("backend", ["cuda", "Torch", "", None, "numpy"])
+@pytest.mark.parametrize("name", NORMS)
+def test_unknown_backend(name, backend):
+    with pytest.raises(ValueError, match=r"backend must be one of \('auto', 'torch', 'triton'\)"):
+        getattr(F, name)(x_(), backend=backend)
+    with pytest.raises(ValueError, match=r"backend must be one of"):
+        normlib.create(name, 4, backend=backend)
+
+
+def _without_triton():
+    return {k: v for k, v in normlib.backends.BACKENDS.items() if k != "triton"}
+
+
+@pytest.mark.parametrize("name", NORMS)
+def test_triton_backend_on_cpu_without_interpreter(name, monkeypatch):
+    x = x_()
+    # no interpreter: a CPU tensor cannot run Triton, whether or not the Triton backend is registered
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match=r"backend='triton' needs a CUDA tensor.*TRITON_INTERPRET=1.*cpu"):
+        getattr(F, name)(x, backend="triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match=r"backend='triton' needs a CUDA tensor"):
+        getattr(F, name)(x, backend="triton")
+    # no Triton backend at all (triton missing): refused even with the interpreter on
+    monkeypatch.setattr(normlib.backends, "BACKENDS", _without_triton())
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match=r"backend='triton' needs .*the triton package"):
+        getattr(F, name)(x, backend="triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(ValueError, match=r"backend='triton' needs .*the triton package"):
+        getattr(F, name)(x, backend="triton")
+    layer = normlib.create(name, 4, backend="triton")  # the check is at call time, on the input
+    with pytest.raises(ValueError, match=r"backend='triton'"):
+        layer(x)
+    # "auto" still works on the CPU, through the torch backend
+    assert torch.equal(getattr(F, name)(x, backend="auto"), run(name, x))
+
+
+def test_errors_come_before_any_work_on_bad_hyperparameters():
+    """Checks happen up front: a bad option is reported even when x is fine and no other option is set."""
+    with pytest.raises(ValueError, match="eps_mode"):
+        F.cln(x_(), eps_mode="nope", backend="torch")
+    with pytest.raises(ValueError, match="layout"):
+        F.cln(x_(), layout="nope", backend="torch")

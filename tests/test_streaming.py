@@ -1,0 +1,360 @@
+"""Streaming: NormState (save, move, detach, merge) and chunked runs that thread the state, compared with
+one run over the whole sequence (outputs, final state and gradients, for truncated BPTT)."""
+import io
+import random
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+
+import normlib
+from normlib import NormState, merge
+from conftest import (CAUSAL, DC_OFFSET_TOL, EMA, LAYOUTS, RUNNING, SPECS, TOL, assert_rel, assert_state_close,
+                      examples, make_affine, make_state, make_x, ref, rel_err, run, state_shape, stats_dtype,
+                      time_dim, STATE_DTYPE)
+
+F64, F32, F16, BF16 = torch.float64, torch.float32, torch.float16, torch.bfloat16
+
+
+def _layout_id(layout):
+    return layout.replace(" ", "")
+
+
+def random_split(T, seed):
+    """Random chunk sizes summing to T, with plenty of size-1 chunks."""
+    rng = random.Random(seed)
+    sizes = []
+    while sum(sizes) < T:
+        sizes.append(min(rng.choice([1, 1, 1, 2, 3, 4, 7, 11]), T - sum(sizes)))
+    return sizes
+
+
+SPLITS = {
+    "whole": lambda T: [T],
+    "ones": lambda T: [1] * T,
+    "halves": lambda T: [T // 2, T - T // 2],
+    "random0": lambda T: random_split(T, 0),
+    "random1": lambda T: random_split(T, 1),
+    "random2": lambda T: random_split(T, 2),
+}
+
+
+def run_chunked(name, x, sizes, layout="b c t", state=None, **kw):
+    """Run chunk by chunk, threading the state (not detached). Returns (y, final state)."""
+    ys = []
+    for chunk in x.split(sizes, dim=time_dim(layout)):
+        y, state = run(name, chunk, layout=layout, state=state, return_state=True, **kw)
+        ys.append(y)
+    return torch.cat(ys, dim=time_dim(layout)), state
+
+
+def _kw(name, decay=0.9):
+    return {"decay": decay} if name in EMA else {}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Chunked == whole
+# ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [F64, F32], ids=["float64", "float32"])
+@pytest.mark.parametrize("with_state", [False, True], ids=["nostate", "state"])
+@pytest.mark.parametrize("split", list(SPLITS))
+@pytest.mark.parametrize("layout", LAYOUTS, ids=_layout_id)
+@pytest.mark.parametrize("name", CAUSAL)
+def test_chunked_equals_whole(name, layout, split, with_state, dtype):
+    B, C, T = 3, 5, 23
+    x = make_x(B, C, T, layout, dtype, offset=0.7)
+    w, b = make_affine(C, dtype)
+    state = make_state(name, B, C) if with_state else None
+    kw = dict(layout=layout, **_kw(name))
+    y_whole, s_whole = run(name, x, w, b, state=state, return_state=True, **kw)
+    y, s = run_chunked(name, x, SPLITS[split](T), layout, state, weight=w, bias=b, **_kw(name))
+    tol = 1e-12 if dtype == F64 else TOL[dtype] / 5
+    assert y.shape == x.shape and y.dtype == dtype
+    assert_rel(y, y_whole, tol, "chunked y vs whole")
+    assert_state_close(s, s_whole, tol, "chunked final state vs whole")
+    # and both against the oracle
+    y_r, s_r = ref(name, x, w, b, state=state, return_state=True, **kw)
+    assert_rel(y, y_r, TOL[dtype], "chunked y vs reference")
+    assert_state_close(s, s_r, TOL[stats_dtype(dtype)], "chunked state vs reference")
+
+
+@st.composite
+def stream_cases(draw):
+    name = draw(st.sampled_from(CAUSAL))
+    T = draw(st.integers(1, 40))
+    sizes = []
+    while sum(sizes) < T:
+        sizes.append(min(draw(st.integers(1, 12)), T - sum(sizes)))
+    return dict(name=name, B=draw(st.integers(1, 3)), C=draw(st.integers(1, 9)), T=T, sizes=sizes,
+                layout=draw(st.sampled_from(LAYOUTS)), dtype=draw(st.sampled_from([F64, F32, F16, BF16])),
+                decay=draw(st.sampled_from([1.0] if SPECS[name].per_channel else [0.0, 1.0]) | st.floats(0.1, 1.0)),
+                with_state=draw(st.booleans()), seed=draw(st.integers(0, 2**31 - 1)))
+
+
+@hsettings(max_examples=examples(1.5))
+@given(c=stream_cases())
+def test_random_chunks_match_reference(c):
+    g = torch.Generator().manual_seed(c["seed"])
+    name, B, C, T, dtype, layout = c["name"], c["B"], c["C"], c["T"], c["dtype"], c["layout"]
+    x = make_x(B, C, T, layout, dtype, generator=g)
+    w, b = make_affine(C, dtype, g)
+    state = make_state(name, B, C, generator=g) if c["with_state"] else None
+    kw = _kw(name, c["decay"])
+    y, s = run_chunked(name, x, c["sizes"], layout, state, weight=w, bias=b, **kw)
+    y_r, s_r = ref(name, x, w, b, layout=layout, state=state, return_state=True, **kw)
+    assert y.dtype == dtype and y.shape == x.shape
+    assert all(t.dtype == STATE_DTYPE for t in s)
+    assert_rel(y, y_r, TOL[dtype], f"{name} chunks {c['sizes']}", float(y_r.numel()) ** 0.5)
+    assert_state_close(s, s_r, TOL[stats_dtype(dtype)], floor=True)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=_layout_id)
+@pytest.mark.parametrize("name", CAUSAL)
+def test_chunked_gradients_equal_whole(name, layout):
+    """Truncated BPTT with the state not detached: gradients through a chunked run equal the whole run's,
+    for x, weight, bias and the initial state (the loss also reads the final state)."""
+    B, C, T = 2, 4, 13
+    sizes = [1, 4, 1, 2, 5]
+    x = make_x(B, C, T, layout, F64)
+    w, b = make_affine(C, F64)
+    s0 = make_state(name, B, C, F64)
+    g = torch.randn(x.shape, dtype=F64)
+    gs = [torch.randn(state_shape(name, B, C), dtype=F64) for _ in range(3)]
+
+    def grads(chunked):
+        leaves = [t.detach().clone().requires_grad_() for t in (x, w, b, *s0)]
+        xx, ww, bb, *st0 = leaves
+        if chunked:
+            y, s = run_chunked(name, xx, sizes, layout, NormState(*st0), weight=ww, bias=bb, **_kw(name))
+        else:
+            y, s = run(name, xx, ww, bb, layout=layout, state=NormState(*st0), return_state=True, **_kw(name))
+        loss = (y * g).sum() + sum((f * gf).sum() for f, gf in zip(s, gs))
+        return torch.autograd.grad(loss, leaves, allow_unused=True)
+
+    for what, a, e in zip(["x", "weight", "bias", "state.w", "state.m", "state.m2"], grads(True), grads(False)):
+        a = torch.zeros(1) if a is None else a
+        e = torch.zeros(1) if e is None else e
+        torch.testing.assert_close(a, e, rtol=1e-9, atol=1e-11, msg=f"grad of {what}")
+
+
+@pytest.mark.parametrize("name", RUNNING)
+def test_detached_state_cuts_the_graph(name):
+    """state.detach() between chunks: the second chunk's loss no longer reaches the first chunk's input."""
+    x = make_x(2, 3, 10, dtype=F64).requires_grad_()
+    _, s = run(name, x[..., :6], return_state=True)
+    y2 = run(name, x[..., 6:], state=s.detach())
+    y2.sum().backward()
+    assert torch.equal(x.grad[..., :6], torch.zeros(2, 3, 6, dtype=F64))
+    x.grad = None
+    y2 = run(name, x[..., 6:], state=s)
+    (y2 * torch.randn_like(y2)).sum().backward()
+    assert x.grad[..., :6].abs().sum() > 0
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=_layout_id)
+@pytest.mark.parametrize("name", CAUSAL)
+def test_streaming_last_chunk_with_lengths(name, layout):
+    """A sequence that ends inside the last chunk: lengths on that chunk give the truncated sequence's state."""
+    B, C, T = 3, 4, 20
+    x = make_x(B, C, T, layout, F64)
+    lengths_total = torch.tensor([20, 15, 12])
+    y_whole, s_whole = run(name, x, layout=layout, lengths=lengths_total, return_state=True)
+    td = time_dim(layout)
+    first, last = x.split([12, 8], dim=td)
+    y1, s1 = run(name, first, layout=layout, return_state=True)
+    y2, s2 = run(name, last, layout=layout, state=s1, lengths=lengths_total - 12, return_state=True)
+    torch.testing.assert_close(torch.cat([y1, y2], td), y_whole, rtol=1e-12, atol=1e-12)
+    for a, e in zip(s2, s_whole):
+        torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12)
+    assert all(torch.equal(a[2], e[2]) for a, e in zip(s2, s1))  # lengths 0 in the last chunk: unchanged
+
+
+@pytest.mark.parametrize("name", CAUSAL)
+def test_zero_length_chunk_returns_the_incoming_state(name):
+    """A chunk of T = 0 frames (what a streaming loop may hand over at a boundary) is a no-op."""
+    B, C = 2, 3
+    state = make_state(name, B, C)
+    y, s = run(name, torch.randn(B, C, 0), state=state, return_state=True)
+    assert y.shape == (B, C, 0)
+    assert all(torch.equal(a, e) for a, e in zip(s, state))
+
+
+@pytest.mark.parametrize("offset", sorted(DC_OFFSET_TOL), ids=lambda o: f"offset{o:g}")
+@pytest.mark.parametrize("name", CAUSAL)
+def test_empty_state_equals_no_state(name, offset):
+    """An empty incoming state (weight 0: what a stream starts from) is the same as none, to within fp32
+    rounding, also on an fp32 input with a DC offset (it is the same computation in exact arithmetic)."""
+    B, C, T = 2, 8, 30
+    x = make_x(B, C, T, offset=offset)
+    empty = NormState.empty(state_shape(name, B, C))
+    y, s = run(name, x, state=empty, return_state=True)
+    y_none, s_none = run(name, x, return_state=True)
+    err = rel_err(y, y_none)
+    assert err <= TOL[F32], f"{name}: empty state vs none, offset {offset:g}: relative error {err:.2e}"
+    assert_state_close(s, s_none, TOL[F32])
+
+
+@pytest.mark.parametrize("offset", sorted(DC_OFFSET_TOL), ids=lambda o: f"offset{o:g}")
+@pytest.mark.parametrize("norm", [("frameln", None), ("emaln", 0.0)], ids=["frameln", "emaln-decay0"])
+def test_frame_mode_ignores_the_state(norm, offset):
+    """FRAME (decay 0) ignores the incoming state: the output is that of no state, to within fp32 rounding,
+    also with a DC offset."""
+    name, decay = norm
+    B, C, T = 2, 8, 30
+    x = make_x(B, C, T, offset=offset)
+    kw = {} if decay is None else {"decay": decay}
+    y_none = run(name, x, **kw)
+    err = rel_err(run(name, x, state=make_state(name, B, C), **kw), y_none)
+    assert err <= TOL[F32], f"{name}: a state changed the output, offset {offset:g}: relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("dtype", [F16, BF16], ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("name", RUNNING)
+def test_low_precision_streaming_keeps_float64_state(name, dtype):
+    B, C, T = 2, 6, 16
+    x = make_x(B, C, T, dtype=dtype)
+    y, s = run_chunked(name, x, [5, 1, 10])
+    assert y.dtype == dtype and all(t.dtype == STATE_DTYPE for t in s)
+    assert_rel(y, run(name, x), TOL[dtype], "chunked vs whole")
+
+
+@pytest.mark.parametrize("name", CAUSAL)
+def test_module_streaming(name):
+    layer = normlib.create(name, 6, layout="b t c", backend="torch")
+    x = make_x(2, 6, 17, "b t c")
+    state, ys = None, []
+    for chunk in x.split([3, 1, 13], dim=1):
+        y, state = layer(chunk, state=state, return_state=True)
+        ys.append(y)
+    y_whole, s_whole = layer(x, return_state=True)
+    assert_rel(torch.cat(ys, 1), y_whole, TOL[F32] / 5, "module chunked")
+    assert_state_close(state, s_whole, TOL[F32])
+
+
+# ---------------------------------------------------------------------------------------------------
+# NormState
+# ---------------------------------------------------------------------------------------------------
+def _random_state(shape, dtype=F64):
+    w = 1 + 3 * torch.rand(shape, dtype=dtype)
+    return NormState(w, torch.randn(shape, dtype=dtype), w * torch.rand(shape, dtype=dtype))
+
+
+def _assert_states_equal(a, b):
+    assert isinstance(a, NormState) and isinstance(b, NormState)
+    for fa, fb in zip(a, b):
+        assert torch.equal(fa, fb)
+
+
+@pytest.mark.parametrize("shape", [(3,), (3, 5)], ids=["pooled", "per-channel"])
+def test_state_save_load_roundtrip(shape):
+    s = _random_state(shape, F32)
+    buf = io.BytesIO()
+    torch.save(s, buf)
+    buf.seek(0)
+    loaded = torch.load(buf)  # the default (weights_only=True) load must accept a NormState
+    _assert_states_equal(loaded, s)
+    buf = io.BytesIO()
+    torch.save({"states": [s, s.map(lambda t: t + 1)], "step": 3}, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=True)
+    _assert_states_equal(loaded["states"][0], s)
+    _assert_states_equal(loaded["states"][1], s.map(lambda t: t + 1))
+
+
+def test_state_from_a_run_save_load_and_continue():
+    x = make_x(2, 4, 12)
+    _, s = run("cln", x[..., :5], return_state=True)
+    buf = io.BytesIO()
+    torch.save(s, buf)
+    buf.seek(0)
+    y2 = run("cln", x[..., 5:], state=torch.load(buf))
+    assert torch.equal(y2, run("cln", x[..., 5:], state=s))
+
+
+def test_state_to_detach_map_and_properties():
+    s = _random_state((2, 3), F32)
+    assert s.shape == (2, 3) and s.dtype == F32 and s.device == torch.device("cpu")
+    s64 = s.to(F64)
+    assert isinstance(s64, NormState) and all(t.dtype == F64 for t in s64)
+    assert all(torch.equal(a.to(F32), b) for a, b in zip(s64, s))
+    s_meta = s.to("meta")
+    assert isinstance(s_meta, NormState) and s_meta.device.type == "meta"
+    torch.testing.assert_close(s.var, s.m2 / s.w)
+    assert torch.equal(NormState.empty((2,), F32).var, torch.zeros(2))  # empty: variance 0, not NaN
+    req = s.map(lambda t: t.clone().requires_grad_())
+    d = req.detach()
+    assert isinstance(d, NormState) and not any(t.requires_grad for t in d)
+    assert all(t.data_ptr() == u.data_ptr() for t, u in zip(d, req))  # detach shares storage
+    sub = s.map(lambda t: t[1:])
+    assert isinstance(sub, NormState) and sub.shape == (1, 3)
+
+
+def test_state_empty():
+    assert NormState.empty((4, 2)).dtype == STATE_DTYPE  # the default
+    e = NormState.empty((4, 2), dtype=F64)
+    assert e.shape == (4, 2) and e.dtype == F64
+    assert all(torch.equal(t, torch.zeros(4, 2, dtype=F64)) for t in e)
+    assert e.w.data_ptr() != e.m.data_ptr() != e.m2.data_ptr()  # independent tensors
+    assert NormState.empty(3, device="meta").device.type == "meta"
+
+
+@hsettings(max_examples=examples(0.5))
+@given(La=st.integers(0, 6), Lb=st.integers(0, 6), Lc=st.integers(0, 6),
+       d=st.sampled_from([0.0, 1.0]) | st.floats(0.05, 1.0), seed=st.integers(0, 2**31 - 1))
+def test_merge_is_associative(La, Lb, Lc, d, seed):
+    """Segments a, b, c of lengths La, Lb, Lc (a length-L segment carries decay d**L):
+    merge(merge(a, b, d^Lb), c, d^Lc) == merge(a, merge(b, c, d^Lc), d^(Lb + Lc))."""
+    torch.manual_seed(seed)
+    a, b, c = (_random_state((4,)) if L else NormState.empty((4,), F64) for L in (La, Lb, Lc))
+    left = merge(merge(a, b, d**Lb), c, d**Lc)
+    right = merge(a, merge(b, c, d**Lc), d ** (Lb + Lc))
+    for x, y in zip(left, right):
+        torch.testing.assert_close(x, y, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", CAUSAL)
+def test_merge_of_segment_states_is_the_sequence_state(name):
+    """state(A ++ B) == merge(state(A), state(B), d ** len(B)), with states from actual runs."""
+    B, C, La, Lb = 2, 4, 7, 5
+    x = make_x(B, C, La + Lb, dtype=F64, offset=1.0)
+    d = {"frame": 0.0, "cumulative": 1.0, "ema": 0.8}[SPECS[name].time.value]
+    _, s_ab = run(name, x, return_state=True, **_kw(name, 0.8))
+    _, s_a = run(name, x[..., :La], return_state=True, **_kw(name, 0.8))
+    _, s_b = run(name, x[..., La:], return_state=True, **_kw(name, 0.8))
+    for a, e in zip(merge(s_a, s_b, d**Lb), s_ab):
+        torch.testing.assert_close(a, e, rtol=1e-11, atol=1e-12)
+
+
+@pytest.mark.parametrize("d", [0.0, 0.5, 1.0])
+def test_merge_empty_identity(d):
+    s = _random_state((3, 2))
+    e = NormState.empty((3, 2), F64)
+    _assert_states_equal(merge(e, s, d), s)  # an empty past changes nothing, for any decay
+    _assert_states_equal(merge(s, e, 1.0), s)  # an empty segment (length 0, decay d**0 = 1)
+    decayed = merge(s, e, d)  # an empty segment seen as time passing: weights decay, mean stays
+    torch.testing.assert_close(decayed.w, d * s.w)
+    torch.testing.assert_close(decayed.m2, d * s.m2)
+    assert torch.equal(decayed.m, s.m)
+
+
+def test_merge_tensor_decay_broadcasts():
+    a, b = _random_state((3, 4)), _random_state((3, 4))
+    d = torch.tensor([0.0, 0.5, 1.0, 0.9], dtype=F64)
+    out = merge(a, b, d)
+    for j in range(4):
+        ref_j = merge(a.map(lambda t: t[:, j]), b.map(lambda t: t[:, j]), float(d[j]))
+        for x, y in zip(out, ref_j):
+            torch.testing.assert_close(x[:, j], y, rtol=1e-14, atol=0)
+
+
+def test_merge_formula():
+    """Chan's update with the old state decayed, as DESIGN.md writes it."""
+    a, b, d = _random_state((5,)), _random_state((5,)), 0.7
+    out = merge(a, b, d)
+    w = d * a.w + b.w
+    delta = b.m - a.m
+    torch.testing.assert_close(out.w, w)
+    torch.testing.assert_close(out.m, a.m + delta * b.w / w)
+    torch.testing.assert_close(out.m2, d * a.m2 + b.m2 + delta**2 * (d * a.w) * b.w / w)

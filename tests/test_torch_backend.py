@@ -1,0 +1,586 @@
+"""The PyTorch backend (``backend="torch"``) against the float64 reference: every norm, both layouts,
+affine or not, lengths, dtypes, odd and random shapes, gradients, DC offsets, causality, identities."""
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+from torch import nn
+
+import normlib
+from normlib.backends import pytorch as pytorch_backend
+from conftest import (CAUSAL, DC_OFFSET_TOL, EMA, GLOBAL, LAYOUTS, NORMS, SPECS, TOL, assert_rel,
+                      assert_state_close, examples, make_affine, make_lengths, make_state, make_x, ref,
+                      rel_err, run, unit_floor, state_shape, stats_dtype, time_dim,
+                      STATE_DTYPE)
+
+F64, F32, F16, BF16 = torch.float64, torch.float32, torch.float16, torch.bfloat16
+ALL_DTYPES = (F64, F32, F16, BF16)
+
+
+def _dtype_id(dtype):
+    return str(dtype).replace("torch.", "")
+
+
+def _layout_id(layout):
+    return layout.replace(" ", "")
+
+
+def _tbatch(x, layout, b, L):
+    """x[b:b+1] truncated to its first L frames, in the given layout."""
+    return x[b:b + 1, :, :L] if layout == "b c t" else x[b:b + 1, :L, :]
+
+
+def _time_slice(t, layout, sl):
+    return t[:, :, sl] if layout == "b c t" else t[:, sl, :]
+
+
+# ---------------------------------------------------------------------------------------------------
+# The grid: every norm x both layouts x affine x lengths x dtypes
+# ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=_dtype_id)
+@pytest.mark.parametrize("with_lengths", [False, True], ids=["full", "lengths"])
+@pytest.mark.parametrize("affine", [False, True], ids=["plain", "affine"])
+@pytest.mark.parametrize("layout", LAYOUTS, ids=_layout_id)
+@pytest.mark.parametrize("name", NORMS)
+def test_matches_reference(name, layout, affine, with_lengths, dtype):
+    B, C, T = 3, 6, 21
+    x = make_x(B, C, T, layout, dtype, offset=0.5)
+    w, b = make_affine(C, dtype) if affine else (None, None)
+    lengths = torch.tensor([T, 9, 0]) if with_lengths else None
+    y = run(name, x, w, b, layout=layout, lengths=lengths)
+    assert y.dtype == dtype and y.shape == x.shape
+    assert_rel(y, ref(name, x, w, b, layout=layout, lengths=lengths), TOL[dtype], name)
+
+
+ODD_SHAPES = [
+    pytest.param(1, 1, 1, id="B1-C1-T1"),
+    pytest.param(1, 1, 17, id="B1-C1-T17"),
+    pytest.param(2, 7, 1, id="B2-C7-T1"),
+    pytest.param(3, 50, 63, id="B3-C50-T63"),
+    pytest.param(1, 3, 129, id="B1-C3-T129"),
+    pytest.param(5, 2, 64, id="B5-C2-T64"),
+    pytest.param(2, 13, 33, id="B2-C13-T33"),
+    pytest.param(4, 1, 2, id="B4-C1-T2"),
+]
+
+
+@pytest.mark.parametrize("dtype", [F64, F32], ids=_dtype_id)
+@pytest.mark.parametrize("layout", LAYOUTS, ids=_layout_id)
+@pytest.mark.parametrize("B,C,T", ODD_SHAPES)
+@pytest.mark.parametrize("name", NORMS)
+def test_odd_shapes(name, B, C, T, layout, dtype):
+    x = make_x(B, C, T, layout, dtype)
+    w, b = make_affine(C, dtype)
+    lengths = make_lengths(B, T)
+    kw = dict(layout=layout, lengths=lengths)
+    if SPECS[name].causal:
+        state = make_state(name, B, C)
+        y, s = run(name, x, w, b, state=state, return_state=True, **kw)
+        y_r, s_r = ref(name, x, w, b, state=state, return_state=True, **kw)
+        assert all(t.dtype == STATE_DTYPE for t in s)
+        assert_state_close(s, s_r, TOL[stats_dtype(dtype)], floor=True)
+    else:
+        y, y_r = run(name, x, w, b, **kw), ref(name, x, w, b, **kw)
+    assert y.dtype == dtype and y.shape == x.shape
+    assert_rel(y, y_r, TOL[dtype], name, unit_floor(y_r))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Property-based: random shapes and options
+# ---------------------------------------------------------------------------------------------------
+@st.composite
+def cases(draw):
+    name = draw(st.sampled_from(NORMS))
+    B, C, T = draw(st.integers(1, 3)), draw(st.integers(1, 24)), draw(st.integers(1, 48))
+    causal = SPECS[name].causal
+    return dict(
+        name=name, B=B, C=C, T=T,
+        dtype=draw(st.sampled_from(ALL_DTYPES)),
+        layout=draw(st.sampled_from(LAYOUTS)),
+        affine=draw(st.sampled_from(["none", "weight", "both"])),
+        lengths=draw(st.none() | st.lists(st.integers(0, T), min_size=B, max_size=B)),
+        eps_mode=(eps_mode := draw(st.sampled_from(["inside", "outside"]))),
+        # outside the sqrt a zero-variance group (C = 1 pooled over one frame) turns the float64
+        # reference's rounding of x - mu (~1e-16) into ~1e-16 / eps: keep eps >= 1e-4 there
+        eps=draw(st.sampled_from([1e-8, 1e-5, 1e-2] if eps_mode == "inside" else [1e-4, 1e-2])),
+        # decay 0 is refused for the per-channel EMA (a single-frame per-channel norm has variance 0)
+        decay=draw(st.sampled_from([1.0] if SPECS[name].per_channel else [0.0, 1.0]) | st.floats(0.1, 1.0))
+        if name in EMA else None,
+        state=causal and draw(st.booleans()),
+        empty_row=draw(st.booleans()),
+        return_state=causal and draw(st.booleans()),
+        noncontig=draw(st.booleans()),
+        offset=draw(st.sampled_from([0.0, 0.0, 3.0, -50.0])),
+        seed=draw(st.integers(0, 2**31 - 1)),
+    )
+
+
+def _materialize(c):
+    g = torch.Generator().manual_seed(c["seed"])
+    B, C, T, dtype, layout = c["B"], c["C"], c["T"], c["dtype"], c["layout"]
+    x = make_x(B, C, T, layout, dtype, generator=g, offset=c["offset"])
+    if c["noncontig"]:  # the same values in a strided view
+        big = torch.zeros((B, 2 * x.shape[1], 3 * x.shape[2]), dtype=dtype)
+        big[:, ::2, ::3] = x
+        x = big[:, ::2, ::3]
+    w, b = make_affine(C, dtype, g)
+    if c["affine"] == "none":
+        w = b = None
+    elif c["affine"] == "weight":
+        b = None
+    kw = dict(layout=layout, eps_mode=c["eps_mode"])
+    if c["lengths"] is not None:
+        kw["lengths"] = torch.tensor(c["lengths"])
+    if c["decay"] is not None:
+        kw["decay"] = c["decay"]
+    if c["state"]:
+        kw["state"] = make_state(c["name"], B, C, generator=g, empty_rows=(0,) if c["empty_row"] else ())
+    if c["return_state"]:
+        kw["return_state"] = True
+    return x, w, b, kw
+
+
+@hsettings(max_examples=examples(3))
+@given(c=cases())
+def test_random_cases_match_reference(c):
+    x, w, b, kw = _materialize(c)
+    name, dtype = c["name"], c["dtype"]
+    out = run(name, x, w, b, c["eps"], **kw)
+    expected = ref(name, x, w, b, c["eps"], **kw)
+    if c["return_state"]:
+        (y, s), (y_r, s_r) = out, expected
+        assert all(t.dtype == STATE_DTYPE for t in s) and s.shape == state_shape(name, c["B"], c["C"])
+        assert_state_close(s, s_r, TOL[stats_dtype(dtype)], floor=True)
+    else:
+        y, y_r = out, expected
+    assert y.dtype == dtype and y.shape == x.shape
+    assert_rel(y, y_r, TOL[dtype], name, unit_floor(y_r))
+
+
+@hsettings(max_examples=examples(1))
+@given(c=cases())
+def test_random_cases_gradients_match_reference(c):
+    """Autograd through the backend equals autograd through the float64 reference (float64 inputs)."""
+    c = dict(c, dtype=F64)
+    x, w, b, kw = _materialize(c)
+    name = c["name"]
+    leaves = [t.requires_grad_() for t in (x, w, b) if t is not None]
+    if "state" in kw:
+        kw["state"] = normlib.NormState(*(t.requires_grad_() for t in kw["state"]))
+        leaves += list(kw["state"])
+    g = torch.Generator().manual_seed(c["seed"] + 1)
+
+    def loss(out):
+        y, s = out if c["return_state"] else (out, None)
+        total = (y * torch.randn(y.shape, generator=g, dtype=F64)).sum()
+        if s is not None:
+            total = total + sum((t * torch.randn(t.shape, generator=g, dtype=F64)).sum() for t in s)
+        return total
+
+    g.manual_seed(c["seed"] + 1)
+    grads = torch.autograd.grad(loss(run(name, x, w, b, c["eps"], **kw)), leaves, allow_unused=True)
+    g.manual_seed(c["seed"] + 1)
+    grads_r = torch.autograd.grad(loss(ref(name, x, w, b, c["eps"], **kw)), leaves, allow_unused=True)
+    for i, (a, e) in enumerate(zip(grads, grads_r)):
+        a = torch.zeros_like(leaves[i]) if a is None else a
+        e = torch.zeros_like(leaves[i]) if e is None else e
+        # float64; rounding is amplified where var ~ 0 (eps 1e-8), and a gradient may be ~0 (C = 1)
+        diff, scale = (a - e).norm().item(), max(e.norm().item(), 1.0)
+        assert diff <= 1e-6 * scale, f"grad of input {i}: |diff| {diff:.2e}, |ref| {e.norm().item():.2e}"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Layouts and strides
+# ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [F64, F32, BF16], ids=_dtype_id)
+@pytest.mark.parametrize("name", NORMS)
+def test_btc_is_the_transpose_of_bct(name, dtype):
+    B, C, T = 2, 5, 19
+    x = make_x(B, C, T, "b c t", dtype)
+    w, b = make_affine(C, dtype)
+    lengths = torch.tensor([T, 7])
+    kw = dict(lengths=lengths, return_state=True) if SPECS[name].causal else dict(lengths=lengths)
+    out1 = run(name, x, w, b, layout="b c t", **kw)
+    out2 = run(name, x.transpose(1, 2).contiguous(), w, b, layout="b t c", **kw)
+    y1, y2 = (out1[0], out2[0]) if SPECS[name].causal else (out1, out2)
+    assert y2.shape == (B, T, C) and y2.dtype == dtype
+    assert_rel(y2.transpose(1, 2), y1, 1e-12 if dtype == F64 else TOL[dtype] / 10, "y")
+    if SPECS[name].causal:
+        assert_state_close(out2[1], out1[1], 1e-12 if dtype == F64 else 1e-6)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=_layout_id)
+@pytest.mark.parametrize("name", NORMS)
+def test_layout_spellings(name, layout):
+    x = make_x(2, 4, 9, layout)
+    y = run(name, x, layout=layout)
+    for spelling in (layout.replace(" ", ""), layout.upper(), layout.replace(" ", ",")):
+        assert torch.equal(run(name, x, layout=spelling), y)
+
+
+@pytest.mark.parametrize("view", ["channel-stride", "time-stride", "transposed-storage", "expanded-batch"])
+@pytest.mark.parametrize("layout", LAYOUTS, ids=_layout_id)
+@pytest.mark.parametrize("name", NORMS)
+def test_non_contiguous_inputs(name, layout, view):
+    B, C, T = 3, 5, 14
+    base = make_x(B, C, T, layout, F64)
+    cd, td = (1, 2) if layout == "b c t" else (2, 1)
+    if view in ("channel-stride", "time-stride"):
+        dim = cd if view == "channel-stride" else td
+        shape = list(base.shape)
+        shape[dim] *= 2
+        sl = [slice(None)] * 3
+        sl[dim] = slice(1, None, 2)
+        big = torch.randn(shape, dtype=F64)
+        big[tuple(sl)] = base
+        x = big[tuple(sl)]
+    elif view == "transposed-storage":
+        x = base.transpose(1, 2).contiguous().transpose(1, 2)
+    else:
+        x = base[:1].expand(base.shape)
+    assert not x.is_contiguous()
+    w_big = torch.randn(2 * C, dtype=F64)
+    w = w_big[::2]
+    lengths = torch.tensor([T, 4, 11])
+    kw = dict(layout=layout, lengths=lengths)
+    if SPECS[name].causal:
+        kw["state"] = make_state(name, B, C, F64)
+    y = run(name, x, w, None, **kw)
+    torch.testing.assert_close(y, run(name, x.contiguous(), w.contiguous(), None, **kw), rtol=1e-12, atol=1e-12)
+    assert_rel(y, ref(name, x, w, None, **kw), TOL[F64], name)
+
+
+@pytest.mark.parametrize("name", NORMS)
+def test_auto_backend_on_cpu_is_torch(name):
+    x = make_x(2, 4, 10)
+    y = getattr(normlib.functional, name)(x)
+    assert torch.equal(y, run(name, x))
+
+
+# ---------------------------------------------------------------------------------------------------
+# gradcheck in float64 (x, weight, bias and the incoming state's fields; the returned state too)
+# ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("eps_mode", ["inside", "outside"])
+@pytest.mark.parametrize("with_lengths", [False, True], ids=["full", "lengths"])
+@pytest.mark.parametrize("with_state", [False, True], ids=["nostate", "state"])
+@pytest.mark.parametrize("name", NORMS)
+def test_gradcheck(name, with_state, with_lengths, eps_mode):
+    causal = SPECS[name].causal
+    if with_state and not causal:
+        pytest.skip("global norms take no state")
+    B, C, T = 3, 3, 5
+    x = make_x(B, C, T, dtype=F64, offset=0.2).requires_grad_()
+    w, b = (t.requires_grad_() for t in make_affine(C, F64))
+    inputs = [x, w, b]
+    if with_state:
+        inputs += [t.requires_grad_() for t in make_state(name, B, C, F64)]
+    lengths = torch.tensor([T, 2, 0]) if with_lengths else None
+    kw = dict(eps_mode=eps_mode, lengths=lengths)
+    if name in EMA:
+        kw["decay"] = 0.8
+
+    def fn(x, w, b, *state):
+        if not causal:
+            return run(name, x, w, b, **kw)
+        y, s = run(name, x, w, b, state=normlib.NormState(*state) if state else None, return_state=True, **kw)
+        return (y, *s)
+
+    assert torch.autograd.gradcheck(fn, inputs, eps=1e-6, atol=1e-6, rtol=1e-4)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=_layout_id)
+@pytest.mark.parametrize("name", NORMS)
+def test_gradcheck_layout_no_affine(name, layout):
+    x = make_x(2, 4, 6, layout, F64).requires_grad_()
+    assert torch.autograd.gradcheck(lambda x: run(name, x, layout=layout), [x], eps=1e-6, atol=1e-6, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [F32, F16, BF16], ids=_dtype_id)
+@pytest.mark.parametrize("name", NORMS)
+def test_low_precision_gradients(name, dtype):
+    """Gradients of fp32/fp16/bf16 inputs have the input's dtype and match the float64 reference's.
+    (eps = 1e-5: with 1e-8 the per-channel norms' early frames, where var ~ 0, amplify rounding 1e4 times.)"""
+    B, C, T = 2, 6, 16
+    x = make_x(B, C, T, dtype=dtype).requires_grad_()
+    w, b = (t.requires_grad_() for t in make_affine(C, dtype))
+    g = torch.randn(B, C, T, dtype=F64)
+    (run(name, x, w, b, 1e-5).double() * g).sum().backward()
+    x64 = x.detach().double().requires_grad_()
+    w64, b64 = (t.detach().double().requires_grad_() for t in (w, b))
+    (ref(name, x64, w64, b64, 1e-5) * g).sum().backward()
+    tol = 1e-4 if dtype == F32 else TOL[dtype]
+    for a, e, what in ((x.grad, x64.grad, "x"), (w.grad, w64.grad, "weight"), (b.grad, b64.grad, "bias")):
+        assert a.dtype == dtype
+        assert_rel(a, e, tol, f"grad {what}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# DC offsets: fp32 input, relative error against the float64 reference, never NaN
+# ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("mode", ["whole", "lengths", "chunks-from-none", "chunks-from-empty"])
+@pytest.mark.parametrize("offset", sorted(DC_OFFSET_TOL), ids=lambda o: f"offset{o:g}")
+@pytest.mark.parametrize("name", NORMS)
+def test_dc_offset(name, offset, mode):
+    causal = SPECS[name].causal
+    if mode.startswith("chunks") and not causal:
+        pytest.skip("global norms do not stream")
+    B, C, T = 3, 16, 50
+    x = make_x(B, C, T, dtype=F32, offset=offset)
+    lengths = torch.tensor([T, 20, 1]) if mode == "lengths" else None
+    if mode.startswith("chunks"):
+        state = None if mode == "chunks-from-none" else normlib.NormState.empty(state_shape(name, B, C))
+        ys = []
+        for chunk in x.split([7, 1, 20, 22], dim=-1):
+            y, state = run(name, chunk, state=state, return_state=True)
+            ys.append(y)
+        y = torch.cat(ys, -1)
+    else:
+        y = run(name, x, lengths=lengths)
+    assert torch.isfinite(y).all()
+    err = rel_err(y, ref(name, x, lengths=lengths))
+    assert err <= DC_OFFSET_TOL[offset], f"{name} offset {offset}: relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("name", NORMS)
+def test_dc_offset_gradients_finite(name):
+    x = make_x(2, 16, 40, dtype=F32, offset=1e4).requires_grad_()
+    w, b = (t.requires_grad_() for t in make_affine(16, F32))
+    (run(name, x, w, b) * torch.randn(2, 16, 40)).sum().backward()
+    for t in (x.grad, w.grad, b.grad):
+        assert torch.isfinite(t).all()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Causality
+# ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("layout", LAYOUTS, ids=_layout_id)
+@pytest.mark.parametrize("name", CAUSAL)
+def test_causal(name, layout):
+    """Changing frames >= t changes no output before t (bit for bit), with a state and lengths too."""
+    B, C, T = 2, 5, 24
+    x = make_x(B, C, T, layout)
+    w, b = make_affine(C, F32)
+    state = make_state(name, B, C)
+    lengths = torch.tensor([T, 17])
+    td = time_dim(layout)
+    y = run(name, x, w, b, layout=layout, state=state, lengths=lengths)
+    for t in (1, 2, 9, 16, 23):
+        x2 = x.clone()
+        x2.narrow(td, t, T - t).copy_(100 * torch.randn_like(x2.narrow(td, t, T - t)) - 30)
+        y2 = run(name, x2, w, b, layout=layout, state=state, lengths=lengths)
+        assert torch.equal(y2.narrow(td, 0, t), y.narrow(td, 0, t)), f"t={t}"
+        if name != "frameln":  # the probe can see a change: later outputs do move
+            assert not torch.equal(y2.narrow(td, t, T - t), y.narrow(td, t, T - t))
+
+
+@pytest.mark.parametrize("name", GLOBAL)
+def test_global_norms_are_not_causal(name):
+    x = make_x(2, 5, 24)
+    y = run(name, x)
+    x2 = x.clone()
+    x2[..., 12:] += 5
+    assert not torch.allclose(run(name, x2)[..., :12], y[..., :12])
+
+
+# ---------------------------------------------------------------------------------------------------
+# Identities
+# ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("layout", LAYOUTS, ids=_layout_id)
+@pytest.mark.parametrize("pair", [("emaln", "cln", 1.0), ("ccemaln", "ccln", 1.0), ("emaln", "frameln", 0.0)],
+                         ids=["emaln1-cln", "ccemaln1-ccln", "emaln0-frameln"])
+def test_ema_limits(pair, layout):
+    ema, other, decay = pair
+    B, C, T = 3, 4, 17
+    x = make_x(B, C, T, layout, F64)
+    w, b = make_affine(C, F64)
+    state = make_state(ema, B, C, F64)
+    kw = dict(layout=layout, lengths=torch.tensor([T, 5, 0]), state=state, return_state=True)
+    y1, s1 = run(ema, x, w, b, decay=decay, **kw)
+    y2, s2 = run(other, x, w, b, **kw)
+    torch.testing.assert_close(y1, y2, rtol=1e-12, atol=1e-12)
+    for a, e in zip(s1, s2):
+        torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [F64, F32], ids=_dtype_id)
+def test_gln_is_groupnorm(dtype):
+    C = 8
+    x = make_x(3, C, 29, dtype=dtype, offset=1.5)
+    gn = nn.GroupNorm(1, C, dtype=dtype)
+    with torch.no_grad():
+        gn.weight.copy_(make_affine(C, dtype)[0])
+        gn.bias.copy_(make_affine(C, dtype)[1])
+    assert_rel(run("gln", x, gn.weight, gn.bias, gn.eps), gn(x), TOL[dtype] * 10, "gln vs GroupNorm")
+
+
+@pytest.mark.parametrize("dtype", [F64, F32], ids=_dtype_id)
+def test_instln_is_instancenorm(dtype):
+    C = 8
+    x = make_x(3, C, 29, dtype=dtype, offset=1.5)
+    inorm = nn.InstanceNorm1d(C, affine=True, dtype=dtype)
+    with torch.no_grad():
+        inorm.weight.copy_(make_affine(C, dtype)[0])
+        inorm.bias.copy_(make_affine(C, dtype)[1])
+    assert_rel(run("instln", x, inorm.weight, inorm.bias, inorm.eps), inorm(x), TOL[dtype] * 10, "instln")
+
+
+@pytest.mark.parametrize("dtype", [F64, F32], ids=_dtype_id)
+def test_frameln_btc_is_layernorm(dtype):
+    C = 8
+    x = make_x(3, C, 29, "b t c", dtype, offset=1.5)
+    ln = nn.LayerNorm(C, dtype=dtype)
+    with torch.no_grad():
+        ln.weight.copy_(make_affine(C, dtype)[0])
+        ln.bias.copy_(make_affine(C, dtype)[1])
+    assert_rel(run("frameln", x, ln.weight, ln.bias, ln.eps, layout="b t c"), ln(x), TOL[dtype] * 10, "frameln")
+
+
+def test_cln_first_frames_by_hand():
+    """cLN at t=0 is LayerNorm of frame 0; at t=1 the statistics of frames 0 and 1 together."""
+    x = make_x(2, 5, 3, dtype=F64)
+    y = run("cln", x)
+    for t in range(3):
+        v = x[..., : t + 1].reshape(2, -1)
+        mu, var = v.mean(1), v.var(1, unbiased=False)
+        torch.testing.assert_close(y[..., t], (x[..., t] - mu[:, None]) / torch.sqrt(var[:, None] + 1e-8))
+
+
+# ---------------------------------------------------------------------------------------------------
+# lengths
+# ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [F64, F32, BF16], ids=_dtype_id)
+@pytest.mark.parametrize("layout", LAYOUTS, ids=_layout_id)
+@pytest.mark.parametrize("name", NORMS)
+def test_lengths_semantics(name, layout, dtype):
+    B, C, T = 4, 5, 13
+    causal = SPECS[name].causal
+    x = make_x(B, C, T, layout, dtype)
+    lengths = torch.tensor([T, 6, 1, 0])
+    valid = torch.arange(T) < lengths[:, None]  # (B, T)
+    mask = valid[:, None, :] if layout == "b c t" else valid[:, :, None]
+    x = torch.where(mask, x, (1e3 * torch.randn(x.shape, dtype=F64)).to(dtype))  # garbage padding
+    x.requires_grad_()
+    w, b = (t.requires_grad_() for t in make_affine(C, dtype))
+    kw = dict(layout=layout, lengths=lengths)
+    state = make_state(name, B, C) if causal else None
+    if causal:
+        y, s = run(name, x, w, b, state=state, return_state=True, **kw)
+    else:
+        y = run(name, x, w, b, **kw)
+
+    # padded output is exactly 0
+    assert torch.equal(torch.where(mask, 0, y), torch.zeros_like(y))
+    # padded frames' gradient is exactly 0
+    (y.double() * torch.randn(y.shape, dtype=F64)).sum().backward()
+    assert torch.equal(torch.where(mask, 0, x.grad), torch.zeros_like(x.grad))
+    assert torch.isfinite(w.grad).all() and torch.isfinite(b.grad).all()
+    # the valid frames equal a run on the truncated sequence; the state equals its state
+    tight = 1e-12 if dtype == F64 else TOL[dtype] / 5
+    for i in range(B - 1):  # item 3 has length 0: see below (a T = 0 input is tested in test_streaming.py)
+        L = int(lengths[i])
+        xi = _tbatch(x.detach(), layout, i, L)
+        if causal:
+            si = state.map(lambda t: t[i:i + 1])
+            yi, s_i = run(name, xi, w.detach(), b.detach(), layout=layout, state=si, return_state=True)
+            for field, a, e in zip(normlib.NormState._fields, s.map(lambda t: t[i:i + 1]), s_i):
+                assert_rel(a, e, 1e-12 if dtype == F64 else 1e-6, f"state.{field} of item {i}")
+        else:
+            yi = run(name, xi, w.detach(), b.detach(), layout=layout)
+        assert_rel(_tbatch(y.detach(), layout, i, L), yi, tight, f"item {i}")
+    # lengths == 0: the incoming state comes back unchanged
+    if causal:
+        assert all(torch.equal(a[3], e[3]) for a, e in zip(s, state))
+
+
+@pytest.mark.parametrize("name", CAUSAL)
+def test_lengths_zero_without_state_gives_the_empty_state(name):
+    B, C, T = 2, 3, 6
+    x = make_x(B, C, T)
+    y, s = run(name, x, lengths=torch.tensor([0, 0]), return_state=True)
+    assert torch.equal(y, torch.zeros_like(y))
+    empty = normlib.NormState.empty(state_shape(name, B, C), dtype=STATE_DTYPE)
+    assert all(a.dtype == STATE_DTYPE and torch.equal(a, e) for a, e in zip(s, empty))
+
+
+@pytest.mark.parametrize("name", NORMS)
+def test_lengths_other_integer_types(name):
+    x = make_x(3, 4, 10)
+    y = run(name, x, lengths=torch.tensor([10, 3, 0]))
+    assert torch.equal(run(name, x, lengths=torch.tensor([10, 3, 0], dtype=torch.int32)), y)
+    assert torch.equal(run(name, x, lengths=torch.tensor([10, 3, 0], dtype=torch.uint8)), y)
+    assert torch.equal(run(name, x, lengths=[10, 3, 0]), y)
+
+
+@pytest.mark.parametrize("name", NORMS)
+def test_lengths_full_equals_no_lengths(name):
+    x = make_x(3, 4, 10, dtype=F64)
+    torch.testing.assert_close(run(name, x, lengths=torch.tensor([10, 10, 10])), run(name, x),
+                               rtol=1e-13, atol=1e-13)
+
+
+@pytest.mark.parametrize("name", NORMS)
+def test_nan_padding_does_not_leak(name):
+    """Padding is excluded from every statistic: NaN/inf in padded frames must not reach the valid outputs,
+    nor any gradient (padded frames get gradient exactly 0, weight and bias finite gradients)."""
+    B, C, T = 2, 4, 9
+    x = make_x(B, C, T, dtype=F64)
+    x[0, :, 6:] = float("nan")
+    x[1, :, 8:] = float("inf")
+    x.requires_grad_()
+    w, b = (t.requires_grad_() for t in make_affine(C, F64))
+    lengths = torch.tensor([6, 8])
+    y = run(name, x, w, b, lengths=lengths)
+    assert torch.isfinite(y).all()
+    (y * torch.randn(B, C, T, dtype=F64)).sum().backward()
+    assert torch.equal(x.grad[0, :, 6:], torch.zeros(C, 3, dtype=F64))
+    assert torch.equal(x.grad[1, :, 8:], torch.zeros(C, 1, dtype=F64))
+    assert torch.isfinite(x.grad).all()
+    assert torch.isfinite(w.grad).all() and torch.isfinite(b.grad).all()
+
+
+# ---------------------------------------------------------------------------------------------------
+# The backend contract (normlib.backends.pytorch), and the generic entry point
+# ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", NORMS)
+def test_backend_forward_contract(name):
+    """forward(x (B, C, T) view in any strides, ...) -> (y of x's shape and dtype, state or None)."""
+    spec = SPECS[name]
+    decay = spec.resolve_decay(None)
+    x = make_x(2, 5, 12, "b t c", F32).transpose(1, 2)  # a permuted (B, C, T) view, as "b t c" arrives
+    w, b = make_affine(5, F32)
+    lengths = torch.tensor([12, 4])
+    y, s = pytorch_backend.forward(x, w, b, lengths, None, per_channel=spec.per_channel, decay=decay,
+                                   eps=1e-8, eps_mode="inside", return_state=False)
+    assert s is None and y.shape == x.shape and y.dtype == F32
+    assert_rel(y, ref(name, x, w, b, lengths=lengths), TOL[F32], name)
+    if spec.causal:
+        y2, s2 = pytorch_backend.forward(x, w, b, lengths, None, per_channel=spec.per_channel, decay=decay,
+                                         eps=1e-8, eps_mode="inside", return_state=True)
+        assert torch.equal(y2, y) and isinstance(s2, normlib.NormState)
+        assert s2.shape == state_shape(name, 2, 5) and s2.dtype == STATE_DTYPE
+
+
+@pytest.mark.parametrize("per_channel", [False, True], ids=["pooled", "per-channel"])
+@pytest.mark.parametrize("decay", [0.0, 0.6, 1.0])
+@pytest.mark.parametrize("T", [1, 2, 3, 7, 8, 9, 33])
+def test_running_scan_is_the_sequential_fold(T, decay, per_channel):
+    x = make_x(2, 3, T, dtype=F64)
+    valid = (torch.arange(T) < torch.tensor([T, max(T - 2, 0)])[:, None])[:, None, :]
+    f = pytorch_backend.frame_stats(x, valid, per_channel)
+    scanned = pytorch_backend.running_scan(f, decay)
+    acc = f.map(lambda t: torch.zeros_like(t[..., 0]))
+    for t in range(T):
+        acc = normlib.merge(acc, f.map(lambda u: u[..., t]), decay)
+        got = scanned.map(lambda u: u[..., t])
+        torch.testing.assert_close(got.w, acc.w, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(got.m2, acc.m2, rtol=1e-12, atol=1e-12)
+        seen = acc.w > 0  # the mean of an empty summary (weight 0: padding under decay 0) is arbitrary
+        torch.testing.assert_close(got.m[seen], acc.m[seen], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", NORMS)
+def test_generic_norm_entry_point(name):
+    x = make_x(2, 5, 12)
+    assert torch.equal(normlib.functional.norm(SPECS[name], x, backend="torch"), run(name, x))
+    assert getattr(normlib.functional, name).__name__ == name

@@ -1,0 +1,646 @@
+"""The Triton backend's forward (``backend="triton"``) against the float64 reference and the torch backend.
+
+Without a GPU the kernels run on CPU tensors in Triton's interpreter (tests/conftest.py sets
+TRITON_INTERPRET=1), which runs Python per program: shapes are small, and tiles are forced small with
+``normlib.backends.triton.tile_size`` so that a sequence spans several tiles and the decoupled look-back
+runs (``walk=True`` makes it ignore published prefixes but tile 0's, so it walks across several windows).
+With a GPU the same tests run on CUDA tensors.
+
+Every output buffer the launcher allocates is filled with NaN first (``_poison_buffers``), so an element
+the kernel forgets to write fails the comparison.
+"""
+import itertools
+import math
+
+import pytest
+import torch
+
+import normlib
+from normlib import backends
+from normlib.backends.triton import launch, tile_size
+from conftest import (DC_OFFSET_TOL, NORMS, SPECS, TOL, assert_rel, assert_state_close, make_affine,
+                      make_state, make_x, ref, run)
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+F32, F16 = torch.float32, torch.float16
+DTYPES = {"f32": F32, "f16": F16}
+LAYOUTS = {"bct": "b c t", "btc": "b t c"}
+RUNNING = ("cln", "ccln", "emaln", "ccemaln")  # the look-back norms (CUMULATIVE and EMA)
+CAUSAL = RUNNING + ("frameln",)
+GLOBAL = ("gln", "instln")
+SD = normlib.NormState.empty((1,)).dtype  # the states' dtype (the library's contract, whatever the input's)
+STATE_TOL = 1e-5  # states are computed in float32 at least, whatever the input dtype
+GRID_EPS = 0.05  # large enough that eps inside / outside the sqrt differ by far more than the tolerance
+
+pytestmark = pytest.mark.skipif(not backends.triton_usable(torch.zeros(1, device=DEVICE)),
+                                reason="the Triton backend needs a GPU or TRITON_INTERPRET=1")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------------------------------
+class _PoisonedTorch:
+    """Stands in for ``torch`` inside launch.py: fresh float buffers (empty, empty_like) come back NaN."""
+
+    def __init__(self, real):
+        self._real = real
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    @staticmethod
+    def _nan(t):
+        return t.fill_(math.nan) if t.is_floating_point() else t
+
+    def empty_like(self, *args, **kwargs):
+        return self._nan(self._real.empty_like(*args, **kwargs))
+
+    def empty(self, *args, **kwargs):
+        return self._nan(self._real.empty(*args, **kwargs))
+
+
+@pytest.fixture(autouse=True)
+def _poison_buffers(monkeypatch):
+    monkeypatch.setattr(launch, "torch", _PoisonedTorch(torch))
+
+
+def dev(t):
+    return None if t is None else t.to(DEVICE)
+
+
+def dev_state(s):
+    return None if s is None else s.to(DEVICE)
+
+
+def tri(name, x, weight=None, bias=None, eps=1e-8, **kw):
+    """The Triton backend through the public functional API."""
+    return getattr(normlib.functional, name)(x, weight, bias, eps, backend="triton", **kw)
+
+
+def tiles_for(name, **kw):
+    """tile_size(...) arguments; block_c only for per-channel norms (pooled norms hold all C channels)."""
+    if not SPECS[name].per_channel:
+        kw.pop("block_c", None)
+    return kw
+
+
+def padding_mask(lengths, layout, B, C, T):
+    """True at the padding frames of a (B, C, T) or (B, T, C) output."""
+    pad = torch.arange(T)[None, :] >= lengths.cpu()[:, None]  # (B, T)
+    pad = pad[:, None, :].expand(B, C, T)
+    return pad if layout == "b c t" else pad.transpose(1, 2)
+
+
+def time_cat(chunks, layout):
+    return torch.cat(chunks, dim=2 if layout == "b c t" else 1)
+
+
+def time_split(x, sizes, layout):
+    return x.split(sizes, dim=2 if layout == "b c t" else 1)
+
+
+def check_output(y, x, expected, dtype, what):
+    assert y.shape == x.shape and y.dtype == dtype and y.device == x.device, what
+    assert not torch.isnan(y).any(), f"{what}: NaN in the output (an element left unwritten?)"
+    assert_rel(y, expected, TOL[dtype], what)
+
+
+def test_poison_reaches_the_output(monkeypatch):
+    """The NaN poison must reach y: with a kernel that writes nothing, every element comes back NaN."""
+
+    class NoKernel:
+        def __getitem__(self, grid):
+            return lambda *a, **k: None
+
+    monkeypatch.setattr(launch, "running_norm_fwd", NoKernel())
+    for name in ("cln", "gln", "frameln"):
+        assert torch.isnan(tri(name, dev(make_x(2, 5, 9)))).all(), name
+
+
+# ---------------------------------------------------------------------------------------------------
+# The flag grid: every norm x every flag of the kernel template, pairwise-covered.
+# ---------------------------------------------------------------------------------------------------
+def pairwise(factors):
+    """A deterministic greedy covering array: rows of ``factors`` in which every pair of values of every
+    two factors appears at least once (about 10 rows instead of the full product's hundreds)."""
+    names = list(factors)
+    pairs = list(itertools.combinations(names, 2))
+    todo = {((a, va), (b, vb)) for a, b in pairs for va in factors[a] for vb in factors[b]}
+    candidates = [dict(zip(names, values)) for values in itertools.product(*factors.values())]
+    rows = []
+    while todo:
+        best = max(candidates, key=lambda r: sum(((a, r[a]), (b, r[b])) in todo for a, b in pairs))
+        rows.append(best)
+        todo -= {((a, best[a]), (b, best[b])) for a, b in pairs}
+    return rows
+
+
+def _grid():
+    params = []
+    for name in NORMS:
+        factors = dict(affine=["none", "w", "b", "wb"], lengths=["full", "len"], eps_mode=["inside", "outside"],
+                       layout=list(LAYOUTS), dtype=list(DTYPES))
+        if SPECS[name].causal:
+            factors.update(state_in=["nostate", "sin"], state_out=["noret", "sout"])
+        if SPECS[name].per_channel:
+            factors.update(cblocks=["1cb", "2cb"])
+        for row in pairwise(factors):
+            row = dict(dict(state_in="nostate", state_out="noret", cblocks="1cb"), **row)
+            parts = [name, row["layout"], row["affine"], row["lengths"]]
+            parts += [row["cblocks"]] if SPECS[name].per_channel else []
+            parts += [p for p in (row["state_in"], row["state_out"]) if p not in ("nostate", "noret")]
+            parts += [f"eps{row['eps_mode']}", row["dtype"]]
+            params.append(pytest.param(name, row, id="-".join(parts)))
+    return params
+
+
+@pytest.mark.parametrize("name, row", _grid())
+def test_flag_grid(name, row):
+    """Tiles of 8 frames over T=29 (4 tiles, the last one partial, look-back windows of 2), per-channel
+    norms in one block of 8 channels or two blocks of 4 over C=5; lengths T, 0 and 19; an incoming state
+    with an empty row (weight 0)."""
+    B, C, T = 3, 5, 29
+    dtype, layout = DTYPES[row["dtype"]], LAYOUTS[row["layout"]]
+    x = make_x(B, C, T, layout, dtype, offset=0.3)
+    w, b = make_affine(C, dtype)
+    w = w if "w" in row["affine"] else None
+    b = b if "b" in row["affine"] else None
+    lengths = torch.tensor([T, 0, 19]) if row["lengths"] == "len" else None
+    state = make_state(name, B, C, SD, empty_rows=(2,)) if row["state_in"] == "sin" else None
+    sout = row["state_out"] == "sout"
+    kw = dict(eps_mode=row["eps_mode"], layout=layout, lengths=lengths)
+    if SPECS[name].causal:
+        kw.update(state=state, return_state=sout)
+
+    with tile_size(**tiles_for(name, block_t=8, window=2, block_c=4 if row["cblocks"] == "2cb" else 8)):
+        out = tri(name, dev(x), dev(w), dev(b), GRID_EPS, **dict(kw, lengths=dev(lengths), state=dev_state(state)))
+    expected = ref(name, x, w, b, GRID_EPS, **kw)
+    y, s = out if sout else (out, None)
+    y_ref, s_ref = expected if sout else (expected, None)
+
+    check_output(y, dev(x), y_ref, dtype, "y vs float64 reference")
+    y_torch = run(name, x, w, b, GRID_EPS, **kw)
+    assert_rel(y, y_torch[0] if sout else y_torch, TOL[dtype], "y vs torch backend")
+    if lengths is not None:
+        pad = padding_mask(lengths, layout, B, C, T)
+        assert (y.cpu()[pad] == 0).all(), "padding frames must be exactly 0 (bias not added)"
+    if sout:
+        assert all(t.dtype == SD and t.device == y.device for t in s)
+        assert_state_close(s, s_ref, STATE_TOL, "outgoing state")
+        if lengths is not None and state is not None:  # length 0 hands the incoming state through
+            for got, given in zip(s, state):
+                assert torch.equal(got[1].cpu(), given[1])
+
+
+# ---------------------------------------------------------------------------------------------------
+# Tiles: several tiles per sequence, look-back walks across windows, several channel blocks, spans
+# ---------------------------------------------------------------------------------------------------
+def _tile_cases():
+    p = []
+    for name in RUNNING:
+        pc = SPECS[name].per_channel
+        p += [
+            pytest.param(name, (2, 5, 37), dict(block_t=4, window=2, walk=True), "bct",
+                         id=f"{name}-bt4-win2-walk"),
+            pytest.param(name, (1, 5, 50), dict(block_t=4, window=4, walk=True), "btc",
+                         id=f"{name}-bt4-win4-walk-btc"),
+        ]
+        if not pc:
+            p.append(pytest.param(name, (2, 33, 50), dict(block_t=16, window=2), "bct", id=f"{name}-C33-T50-bt16"))
+        else:
+            p += [
+                pytest.param(name, (2, 5, 37), dict(block_t=8, window=2, block_c=2, walk=True), "btc",
+                             id=f"{name}-bc2-bt8-walk-btc"),
+                pytest.param(name, (1, 33, 20), dict(block_t=8, window=2, block_c=8), "btc",
+                             id=f"{name}-C33-bc8-bt8-btc"),
+            ]
+    p += [
+        pytest.param("frameln", (2, 5, 37), dict(block_t=8), "btc", id="frameln-bt8-btc"),
+        pytest.param("frameln", (2, 33, 50), dict(block_t=16), "bct", id="frameln-C33-T50-bt16"),
+    ]
+    for name in GLOBAL:
+        pc = SPECS[name].per_channel
+        p += [
+            pytest.param(name, (1, 5, 50), dict(block_t=4, span=1, window=4), "btc", id=f"{name}-bt4-span1-win4"),
+            pytest.param(name, (2, 5, 50), dict(block_t=4, span=2, window=2), "bct", id=f"{name}-bt4-span2-win2"),
+            pytest.param(name, (1, 5, 50), dict(block_t=4, span=3, window=2), "btc", id=f"{name}-bt4-span3-win2"),
+            pytest.param(name, (1, 33, 50), dict(block_t=8, span=2, window=2, block_c=16), "bct",
+                         id=f"{name}-C33-T50-bt8-span2" + ("-bc16" if pc else "")),
+        ]
+    return p
+
+
+@pytest.mark.parametrize("name, shape, tiles, layout", _tile_cases())
+def test_tiles(name, shape, tiles, layout):
+    """Lengths (full, odd, and 0 where B > 2), an incoming state and the outgoing one where causal."""
+    B, C, T = shape
+    layout = LAYOUTS[layout]
+    x = make_x(B, C, T, layout, F32, offset=-0.7)
+    w, b = make_affine(C, F32)
+    lengths = torch.tensor([T, T // 2 + 1, 0][:B]) if B > 1 else None
+    kw = dict(layout=layout, lengths=lengths)
+    causal = SPECS[name].causal
+    if causal:
+        kw.update(state=make_state(name, B, C, SD), return_state=True)
+    with tile_size(**tiles_for(name, **tiles)):
+        out = tri(name, dev(x), dev(w), dev(b), **dict(kw, lengths=dev(lengths), state=dev_state(kw.get("state"))))
+    expected = ref(name, x, w, b, **kw)
+    y, s = out if causal else (out, None)
+    y_ref, s_ref = expected if causal else (expected, None)
+    check_output(y, dev(x), y_ref, F32, "y")
+    if causal:
+        assert_state_close(s, s_ref, STATE_TOL)
+    if lengths is not None:
+        assert (y.cpu()[padding_mask(lengths, layout, B, C, T)] == 0).all()
+
+
+def test_block_c_splits_per_channel_norms():
+    """Sanity of the test hook itself: block_c=2 over C=5 really gives three channel blocks."""
+    seen = {}
+    real = launch.running_norm_fwd
+
+    class Spy:
+        def __getitem__(self, grid):
+            def call(*a, **k):
+                seen.update(grid=grid, BLOCK_C=k["BLOCK_C"], NCB=k["NCB"], NT=k["NT"])
+                return real[grid](*a, **k)
+            return call
+
+    x = dev(make_x(2, 5, 37))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(launch, "running_norm_fwd", Spy())
+        with tile_size(block_t=8, block_c=2, window=2):
+            tri("ccln", x)
+    assert seen == dict(grid=(2 * 3 * 5,), BLOCK_C=2, NCB=3, NT=5)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Chunked streaming: any chunking threads the state to the same output as the whole sequence
+# ---------------------------------------------------------------------------------------------------
+CHUNKINGS = {
+    "a": [1, 7, 13, 9, 15],  # T = 45
+    "b": [16, 0, 4, 24, 1],  # a chunk of 0 frames, chunks on tile edges
+    "c": [20, 25],
+}
+
+
+def _stream_cases():
+    p = []
+    for name in CAUSAL:
+        cases = [("bct", "a", "nostate", "f32"), ("btc", "b", "sin", "f32")]
+        if name == "cln":
+            cases += [("bct", "c", "sin", "f16"), ("btc", "random", "sin", "f32")]
+        if name == "ccemaln":
+            cases += [("bct", "random", "sin", "f32")]
+        for layout, chunks, start, dtype in cases:
+            p.append(pytest.param(name, layout, chunks, start, dtype,
+                                  id=f"{name}-{layout}-chunks-{chunks}-{start}-{dtype}"))
+    return p
+
+
+@pytest.mark.parametrize("name, layout, chunking, start, dtype", _stream_cases())
+def test_chunked_streaming(name, layout, chunking, start, dtype):
+    B, C, T = 2, 5, 45
+    layout, dtype = LAYOUTS[layout], DTYPES[dtype]
+    if chunking == "random":
+        g = torch.Generator().manual_seed(1234)
+        sizes = []
+        while sum(sizes) < T:
+            sizes.append(min(int(torch.randint(0, 17, (1,), generator=g)), T - sum(sizes)))
+    else:
+        sizes = CHUNKINGS[chunking]
+    assert sum(sizes) == T
+    x = make_x(B, C, T, layout, dtype, offset=0.4)
+    w, b = make_affine(C, dtype)
+    state0 = make_state(name, B, C, SD, empty_rows=(1,)) if start == "sin" else None
+    # the random chunking's chunks hold up to 4 tiles of 4 frames: the look-back crosses several tiles
+    tiles = dict(block_t=4, window=2) if chunking == "random" else dict(block_t=8, window=2)
+
+    with tile_size(**tiles):
+        y_whole, s_whole = tri(name, dev(x), dev(w), dev(b), layout=layout, state=dev_state(state0),
+                               return_state=True)
+        ys, state = [], dev_state(state0)
+        for chunk in time_split(dev(x), sizes, layout):
+            y, state = tri(name, chunk, dev(w), dev(b), layout=layout, state=state, return_state=True)
+            ys.append(y)
+    y_chunks = time_cat(ys, layout)
+    y_ref, s_ref = ref(name, x, w, b, layout=layout, state=state0, return_state=True)
+
+    check_output(y_chunks, dev(x), y_ref, dtype, "chunked vs float64 reference")
+    check_output(y_whole, dev(x), y_ref, dtype, "whole vs float64 reference")
+    assert_rel(y_chunks, y_whole, TOL[dtype], "chunked vs whole")
+    assert_state_close(state, s_ref, STATE_TOL, "chunked state vs reference")
+    assert_state_close(state, s_whole, STATE_TOL, "chunked state vs whole")
+
+
+# ---------------------------------------------------------------------------------------------------
+# DC offsets: float32 statistics must not cancel (DESIGN.md section 1)
+# ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("offset", [1e2, 1e4], ids=["dc1e2", "dc1e4"])
+@pytest.mark.parametrize("name", NORMS)
+def test_dc_offset(name, offset):
+    B, C, T = 2, 5, 37
+    x = make_x(B, C, T, "b c t", F32, offset=offset)
+    lengths = torch.tensor([T, 23])
+    with tile_size(**tiles_for(name, block_t=16, window=2, block_c=4, span=2)):
+        y = tri(name, dev(x), lengths=dev(lengths))
+    assert torch.isfinite(y).all()
+    assert_rel(y, ref(name, x, lengths=lengths), DC_OFFSET_TOL[offset], f"offset {offset:g}")
+
+
+@pytest.mark.parametrize("state_kind", ["near", "empty"])
+@pytest.mark.parametrize("name", RUNNING)
+def test_dc_offset_with_state(name, state_kind):
+    """An incoming state whose mean sits at the offset, or an empty one (weight 0, mean 0)."""
+    B, C, T = 2, 5, 37
+    offset = 1e4
+    x = make_x(B, C, T, "b c t", F32, offset=offset)
+    state = make_state(name, B, C, torch.float64)
+    if state_kind == "near":
+        state = normlib.NormState(state.w, state.m + offset, state.m2).to(SD)
+    else:
+        state = normlib.NormState.empty(state.w.shape)
+    with tile_size(block_t=8, window=2):
+        y, s = tri(name, dev(x), state=dev_state(state), return_state=True)
+    y_ref, s_ref = ref(name, x, state=state, return_state=True)
+    assert torch.isfinite(y).all()
+    assert_rel(y, y_ref, DC_OFFSET_TOL[offset], "y")
+    assert_rel(s.m, s_ref.m, 1e-6, "state.m")
+    assert_rel(s.m2, s_ref.m2, DC_OFFSET_TOL[offset], "state.m2")
+
+
+@pytest.mark.parametrize("name, decay", [
+    pytest.param("emaln", 1e-3, id="emaln-decay1e-3"),  # a tile's decay (1e-24) all but underflows
+    pytest.param("emaln", 0.5, id="emaln-decay0.5"),
+    pytest.param("emaln", 1.0, id="emaln-decay1"),  # CUMULATIVE
+    pytest.param("ccemaln", 0.1, id="ccemaln-decay0.1"),  # (a per-channel EMA with a tiny decay is the
+    pytest.param("ccemaln", 0.9999, id="ccemaln-decay0.9999"),  # degenerate per-channel FRAME norm:
+    pytest.param("ccemaln", 1.0, id="ccemaln-decay1"),  # ill-conditioned, no test at tolerance)
+])
+def test_ema_decays(name, decay):
+    """EMA decays from strong to 1 (CUMULATIVE), across tiles and look-back windows."""
+    B, C, T = 2, 5, 37
+    x = make_x(B, C, T, offset=0.3)
+    state = make_state(name, B, C, SD)
+    lengths = torch.tensor([T, 21])
+    kw = dict(decay=decay, lengths=lengths, state=state, return_state=True)
+    with tile_size(block_t=8, window=2, walk=True):
+        y, s = tri(name, dev(x), **dict(kw, lengths=dev(lengths), state=dev_state(state)))
+    y_ref, s_ref = ref(name, x, **kw)
+    check_output(y, dev(x), y_ref, F32, "y")
+    assert_state_close(s, s_ref, STATE_TOL)
+
+
+def test_emaln_decay_0_is_frameln():
+    x = dev(make_x(2, 5, 37))
+    with tile_size(block_t=8, window=2):
+        assert_rel(tri("emaln", x, decay=0.0), tri("frameln", x), 1e-6, "emaln(decay=0) vs frameln")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Gradients: the Triton path's backward against the torch backend's autograd
+# ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("name", NORMS)
+def test_gradients_match_torch_backend(name, layout):
+    """Gradients into x, weight, bias and the incoming state (through y and the outgoing state); lengths
+    T, 11 and 0; "b t c" with the look-back walking."""
+    B, C, T = 3, 5, 19
+    layout = LAYOUTS[layout]
+    causal = SPECS[name].causal
+    x0 = make_x(B, C, T, layout, F32, offset=0.2)
+    w0, b0 = make_affine(C, F32)
+    lengths = torch.tensor([T, 11, 0])
+    s0 = make_state(name, B, C, SD) if causal else None
+    g = torch.Generator().manual_seed(7)
+    gy = torch.randn(x0.shape, generator=g)
+    gs = [torch.randn(s0.w.shape, generator=g, dtype=SD) for _ in range(3)] if causal else None
+
+    def grads(backend):
+        x, w, b = (dev(t).requires_grad_() for t in (x0, w0, b0))
+        kw = dict(layout=layout, lengths=dev(lengths), backend=backend)
+        inputs = [x, w, b]
+        if causal:
+            state = normlib.NormState(*(dev(t).requires_grad_() for t in s0))
+            inputs += list(state)
+            y, s = getattr(normlib.functional, name)(x, w, b, state=state, return_state=True, **kw)
+            loss = (y * dev(gy)).sum() + sum((t * dev(gt)).sum() for t, gt in zip(s, gs))
+        else:
+            y = getattr(normlib.functional, name)(x, w, b, **kw)
+            loss = (y * dev(gy)).sum()
+        got = torch.autograd.grad(loss, inputs, allow_unused=True)
+        return [torch.zeros_like(t) if gt is None else gt for t, gt in zip(inputs, got)]
+
+    with tile_size(**tiles_for(name, block_t=8, window=2, block_c=4, walk=layout == "b t c")):
+        got = grads("triton")
+    want = grads("torch")
+    for what, a, e in zip(["x", "weight", "bias", "state.w", "state.m", "state.m2"], got, want):
+        assert torch.isfinite(a).all(), what
+        assert_rel(a, e, 1e-5, f"grad {what}")
+
+
+def test_frameln_state_gradient_through_a_row_of_length_0():
+    """FRAME ignores the incoming state's statistics, but a row of length 0 hands the state through."""
+    x = dev(make_x(2, 3, 5))
+    grads = {}
+    for backend in ("torch", "triton"):
+        state = normlib.NormState(*(dev(t).requires_grad_() for t in make_state("frameln", 2, 3, SD)))
+        _, s = normlib.functional.frameln(x, state=state, lengths=dev(torch.tensor([5, 0])), return_state=True,
+                                          backend=backend)
+        grads[backend] = torch.autograd.grad(s.w.sum() + s.m.sum() + s.m2.sum(), list(state), allow_unused=True)
+    assert all(g is not None for g in grads["torch"])
+    for g_torch, g_triton in zip(grads["torch"], grads["triton"]):
+        assert g_triton is not None and torch.equal(g_triton, g_torch)
+
+
+def test_gradient_flows_only_into_what_requires_it():
+    x = dev(make_x(2, 5, 21)).requires_grad_()
+    w, b = (dev(t) for t in make_affine(5, F32))
+    y = tri("cln", x, w, b)
+    (gx,) = torch.autograd.grad(y.square().sum(), [x])
+    assert torch.isfinite(gx).all()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Dispatch, dtypes, odd inputs
+# ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", NORMS)
+def test_float64_with_triton_raises(name):
+    x = dev(make_x(2, 3, 8, dtype=torch.float64))
+    with pytest.raises(TypeError, match="float32"):
+        tri(name, x)
+
+
+def test_auto_on_cpu_is_torch(monkeypatch):
+    x = make_x(2, 5, 9)
+    assert backends.resolve("auto", x) is backends.BACKENDS["torch"]
+    assert backends.resolve("auto", x.double()) is backends.BACKENDS["torch"]
+
+    def refuse(*a, **k):
+        raise AssertionError("backend='auto' on a CPU tensor must not use the Triton backend")
+
+    monkeypatch.setitem(backends.BACKENDS, "triton", refuse)
+    for name in NORMS:
+        assert torch.equal(getattr(normlib.functional, name)(x), run(name, x))
+
+
+def test_default_tiles_match_the_torch_backend_and_the_reference():
+    """No tile override: the launcher's own tile choice (one tile per sequence at this size)."""
+    x = make_x(2, 5, 37, offset=1.0)
+    for name in NORMS:
+        y = tri(name, dev(x))
+        check_output(y, dev(x), ref(name, x), F32, name)
+        assert_rel(y, run(name, x), TOL[F32], name)
+
+
+EDGE_SHAPES = [
+    pytest.param((1, 1, 1), id="B1-C1-T1"),
+    pytest.param((2, 1, 17), id="B2-C1-T17"),
+    pytest.param((2, 5, 1), id="B2-C5-T1"),
+    pytest.param((1, 3, 8), id="B1-C3-T8-one-full-tile"),
+    pytest.param((1, 3, 9), id="B1-C3-T9-one-frame-over"),
+]
+
+
+@pytest.mark.parametrize("shape", EDGE_SHAPES)
+@pytest.mark.parametrize("name", NORMS)
+def test_edge_shapes(name, shape):
+    B, C, T = shape
+    x = make_x(B, C, T, offset=0.5)
+    w, b = make_affine(C, F32)
+    kw = dict(return_state=True) if SPECS[name].causal else {}
+    with tile_size(block_t=8, window=2):
+        out = tri(name, dev(x), dev(w), dev(b), eps_mode="outside", **kw)
+    expected = ref(name, x, w, b, eps_mode="outside", **kw)
+    y, y_ref = (out[0], expected[0]) if kw else (out, expected)
+    check_output(y, dev(x), y_ref, F32, "y")
+    if kw:
+        assert_state_close(out[1], expected[1], STATE_TOL)
+
+
+@pytest.mark.parametrize("name", CAUSAL)
+def test_empty_time_hands_the_state_through(name):
+    """T = 0: no kernel runs, the output is empty and the outgoing state is the incoming one."""
+    x = dev(torch.zeros(2, 5, 0))
+    state = make_state(name, 2, 5, SD)
+    y, s = tri(name, x, state=dev_state(state), return_state=True)
+    assert y.shape == (2, 5, 0)
+    for got, given in zip(s, state):
+        assert torch.equal(got.cpu(), given)
+
+
+@pytest.mark.parametrize("view", ["time-strided", "bct-channels-last", "btc-time-major"])
+@pytest.mark.parametrize("name", ["cln", "ccln", "gln"])
+def test_non_contiguous_inputs(name, view):
+    """Strides are read in place: a time-strided slice, and the two layouts in the other memory order."""
+    B, C, T = 2, 5, 21
+    if view == "time-strided":
+        layout, x = "b c t", make_x(B, C, 2 * T)[..., ::2]
+    elif view == "bct-channels-last":
+        layout, x = "b c t", make_x(B, C, T, "b t c").transpose(1, 2)
+    else:
+        layout, x = "b t c", make_x(B, C, T, "b c t").transpose(1, 2)
+    assert not x.is_contiguous()
+    with tile_size(**tiles_for(name, block_t=8, window=2, block_c=4)):
+        y = tri(name, dev(x), layout=layout)
+    check_output(y, dev(x), ref(name, x, layout=layout), F32, view)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The look-back's bookkeeping: stale and garbage records, the ticket counter, repeatability
+# ---------------------------------------------------------------------------------------------------
+def _lookback_buffers():
+    """The look-back records and the ticket counter the launcher keeps (after a look-back launch)."""
+    ws = ctr = None
+    for key, buf in launch._WORKSPACES.items():
+        if isinstance(key, tuple) and key[-1] == "ctr":
+            ctr = buf
+        elif buf.dtype == torch.int64:
+            ws = buf
+    assert ws is not None and ctr is not None, "no look-back workspace found in launch._WORKSPACES"
+    return ws, ctr
+
+
+@pytest.mark.parametrize("name", ["cln", "ccemaln"])
+def test_garbage_in_the_workspace_is_ignored(name):
+    x = make_x(1, 5, 29)
+    with tile_size(block_t=4, window=2, walk=True):
+        tri(name, dev(x))  # grow the workspace to this launch's size
+        ws, ctr = _lookback_buffers()
+        ws.random_(0, 1 << 62)  # random tags (a match with this launch's tag is a 2**-30 chance)
+        y = tri(name, dev(x))
+    check_output(y, dev(x), ref(name, x), F32, "y")
+    assert int(ctr) & 0xFFFFFFFF == 0, "every launch must consume its tickets and reset the ticket count"
+
+
+def test_stale_records_of_an_earlier_launch_are_not_read():
+    """Same shape twice with different data: the second launch must see only its own records."""
+    x1, x2 = make_x(1, 5, 37, offset=50.0), make_x(1, 5, 37, offset=-3.0)
+    with tile_size(block_t=4, window=2):
+        tri("cln", dev(x1))
+        y2 = tri("cln", dev(x2))
+    check_output(y2, dev(x2), ref("cln", x2), F32, "second launch")
+
+
+def test_ticket_epoch_wraps():
+    """The tag lives in 30 bits of the counter's upper word; crossing the wrap must not break the scan."""
+    x = make_x(1, 5, 37)
+    tri("cln", dev(x))
+    _, ctr = _lookback_buffers()
+    saved = ctr.clone()
+    try:
+        ctr.fill_(((1 << 30) - 2) << 32)  # two launches before the tag wraps
+        with tile_size(block_t=8, window=2, walk=True):
+            for _ in range(3):
+                check_output(tri("cln", dev(x)), dev(x), ref("cln", x), F32, f"epoch {int(ctr) >> 32}")
+    finally:
+        ctr.copy_(saved)
+
+
+@pytest.mark.parametrize("name", ["emaln", "ccln", "instln"])
+def test_repeatable(name):
+    """The same launch twice. On a GPU a tile takes its prefix from whichever predecessors have published
+    by then, so the rounding (not the result) may differ from run to run; the interpreter runs programs in
+    order, so there it is bitwise the same."""
+    x = dev(make_x(1, 5, 37))
+    with tile_size(**tiles_for(name, block_t=8, window=2, block_c=4, span=2)):
+        a, b = tri(name, x), tri(name, x)
+    if x.is_cuda:
+        assert_rel(a, b, 1e-6, "run to run")
+    else:
+        assert torch.equal(a, b)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Regressions: zero variance with eps = 0, empty states under DC offsets, block_c on pooled norms
+# ---------------------------------------------------------------------------------------------------
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's numpy: divide by zero
+@pytest.mark.parametrize("name", ["cln", "frameln", "gln"])
+def test_zero_variance_with_eps_0_outside_gives_0(name):
+    x = make_x(2, 1, 9) if name == "cln" else torch.ones(2, 4, 9)  # cln over one channel: frame 0 has var 0
+    y = tri(name, dev(x), eps=0.0, eps_mode="outside")
+    expected = ref(name, x, eps=0.0, eps_mode="outside")
+    assert not torch.isnan(y).any()
+    assert_rel(y, expected, TOL[F32], name)
+
+
+@pytest.mark.parametrize("name", ["cln", "ccln"])
+def test_an_empty_state_is_no_state_under_a_dc_offset(name):
+    B, C, T = 2, 5, 37
+    x = make_x(B, C, T, offset=1e4)
+    empty = normlib.NormState.empty((B, C) if SPECS[name].per_channel else (B,), SD)
+    with tile_size(block_t=8, window=2):
+        y_empty = tri(name, dev(x), state=dev_state(empty))
+        y_none = tri(name, dev(x))
+    assert_rel(y_none, ref(name, x), TOL[F32], "no state")
+    assert_rel(y_empty, ref(name, x, state=empty), TOL[F32], "empty state")
+
+
+def test_block_c_on_a_pooled_norm_is_ignored_or_refused():
+    x = make_x(2, 5, 21)
+    try:
+        with tile_size(block_t=8, block_c=2):
+            y = tri("cln", dev(x))
+    except ValueError:
+        return
+    check_output(y, dev(x), ref("cln", x), F32, "cln with block_c=2 < C=5")
