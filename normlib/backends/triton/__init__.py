@@ -1,52 +1,109 @@
 """The Triton backend: one running-statistics kernel template (kernels.py), its launchers (launch.py),
-and the autograd glue: the forward saves each tile's incoming prefix, the backward kernel recomputes the
-per-frame statistics from x and runs the reverse look-back for the suffix sums."""
+and two PyTorch ops, ``normlib::running_norm_fwd`` and ``normlib::running_norm_bwd``, with fake
+implementations and the autograd formula, so ``torch.compile(fullgraph=True)`` sees them as opaque ops.
+
+The forward saves each tile's incoming prefix; the backward kernel recomputes the per-frame statistics
+from x and runs the reverse look-back for the suffix sums. States cross the op boundary stacked as one
+(3, B, C or 1) float64 tensor.
+"""
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
+from torch import Tensor
 
 from ...state import NormState
-from .launch import backward as launch_backward, forward as launch_forward, tile_size  # noqa: F401
+from . import launch
+from .launch import tile_size  # noqa: F401
+
+_EMPTY = (0,)
 
 
-class _RunningNorm(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, weight, bias, lengths, sw, sm, sq, opts):
-        state = NormState(sw, sm, sq) if sw is not None else None
-        train = any(ctx.needs_input_grad)
-        y, sout, (pre, plan) = launch_forward(x, weight, bias, lengths, state, save_for_backward=train, **opts)
-        if train:
-            ctx.save_for_backward(x, weight, lengths, sw, sm, sq, pre)
-            ctx.plan = plan
-        ctx.opts = opts
-        ctx.has_bias = bias is not None
-        if sout is None:
-            return y, None, None, None
-        return y, *sout
+@torch.library.custom_op("normlib::running_norm_fwd", mutates_args=())
+def running_norm_fwd(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], lengths: Optional[Tensor],
+                     state: Optional[Tensor], per_channel: bool, decay: Optional[float], eps: float,
+                     eps_outside: bool, return_state: bool, save: bool,
+                     tiles: list[int]) -> tuple[Tensor, Tensor, Tensor]:
+    """(y, outgoing state or an empty tensor, saved prefixes or an empty tensor)."""
+    y, sout, pre = launch.forward(x, weight, bias, lengths, state, per_channel=per_channel, decay=decay,
+                                  eps=eps, eps_outside=eps_outside, return_state=return_state, save=save,
+                                  tiles=tiles)
+    return (y, sout if sout is not None else x.new_empty(_EMPTY, dtype=torch.float64),
+            pre if pre is not None else x.new_empty(_EMPTY, dtype=torch.float32))
 
-    @staticmethod
-    def backward(ctx, gy, gw_out, gm_out, gq_out):
-        x, weight, lengths, sw, sm, sq, pre = ctx.saved_tensors
-        opts = {k: v for k, v in ctx.opts.items() if k != "return_state"}
-        B, C = x.shape[:2]
-        nsc = C if opts["per_channel"] else 1
+
+@running_norm_fwd.register_fake
+def _(x, weight, bias, lengths, state, per_channel, decay, eps, eps_outside, return_state, save, tiles):
+    B, C, _ = x.shape
+    return (torch.empty_like(x),
+            x.new_empty((3, B, C if per_channel else 1) if return_state else _EMPTY, dtype=torch.float64),
+            x.new_empty((launch.prefix_numel(x.shape, per_channel, decay, tiles),) if save else _EMPTY,
+                        dtype=torch.float32))
+
+
+@torch.library.custom_op("normlib::running_norm_bwd", mutates_args=())
+def running_norm_bwd(gy: Tensor, gsout: Optional[Tensor], x: Tensor, weight: Optional[Tensor],
+                     lengths: Optional[Tensor], state: Optional[Tensor], pre: Tensor, per_channel: bool,
+                     decay: Optional[float], eps: float, eps_outside: bool, need_weight_grads: bool,
+                     tiles: list[int]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(dx, dweight, dbias, dstate), empty tensors for what was not asked."""
+    gx, gw, gb, gs = launch.backward(gy, gsout, x, weight, lengths, state, pre, per_channel=per_channel,
+                                     decay=decay, eps=eps, eps_outside=eps_outside,
+                                     need_weight_grads=need_weight_grads, tiles=tiles)
+    def empty(dtype):  # one fresh tensor per missing output: outputs may not alias each other
+        return x.new_empty(_EMPTY, dtype=dtype)
+
+    return (gx, empty(torch.float32) if gw is None else gw, empty(torch.float32) if gb is None else gb,
+            empty(torch.float64) if gs is None else gs)
+
+
+@running_norm_bwd.register_fake
+def _(gy, gsout, x, weight, lengths, state, pre, per_channel, decay, eps, eps_outside, need_weight_grads,
+      tiles):
+    C = x.shape[1]
+    wshape = (C,) if need_weight_grads else _EMPTY
+    return (torch.empty_like(x), x.new_empty(wshape, dtype=torch.float32),
+            x.new_empty(wshape, dtype=torch.float32),
+            x.new_empty(state.shape if state is not None else _EMPTY, dtype=torch.float64))
+
+
+def _setup(ctx, inputs, output):
+    x, weight, bias, lengths, state, per_channel, decay, eps, eps_outside, return_state, save, tiles = inputs
+    ctx.save_for_backward(x, weight, lengths, state, output[2])
+    ctx.opts = dict(per_channel=per_channel, decay=decay, eps=eps, eps_outside=eps_outside, tiles=tiles)
+    ctx.has_bias = bias is not None
+    ctx.return_state = return_state
+
+
+def _backward(ctx, gy, gsout, _gpre):
+    x, weight, lengths, state, pre = ctx.saved_tensors
+    need_w = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
+    if not ctx.return_state:
         gsout = None
-        if any(g is not None for g in (gw_out, gm_out, gq_out)):
-            gsout = torch.stack([torch.zeros(sw.shape if sw is not None else (B, nsc)[: 1 + opts["per_channel"]],
-                                             dtype=torch.float64, device=x.device) if g is None else g
-                                 for g in (gw_out, gm_out, gq_out)]).reshape(3, B, nsc).contiguous()
-        state = NormState(sw, sm, sq) if sw is not None else None
-        need_w = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
-        gx, gwt, gb, gsin = launch_backward(gy, gsout, x, weight, lengths, state, pre, ctx.plan,
-                                            need_weight_grads=need_w, **opts)
-        gs = [None] * 3 if gsin is None else [t.reshape(sw.shape) for t in gsin.unbind(0)]
-        return (gx if ctx.needs_input_grad[0] else None, gwt if ctx.needs_input_grad[1] else None,
-                gb if ctx.needs_input_grad[2] and ctx.has_bias else None, None, *gs, None)
+    gx, gw, gb, gs = running_norm_bwd(gy, gsout, x, weight, lengths, state, pre, need_weight_grads=need_w,
+                                      **ctx.opts)
+    return (gx, gw if ctx.needs_input_grad[1] else None,
+            gb if ctx.needs_input_grad[2] and ctx.has_bias else None, None,
+            gs if state is not None and ctx.needs_input_grad[4] else None,
+            None, None, None, None, None, None, None)
+
+
+running_norm_fwd.register_autograd(_backward, setup_context=_setup)
 
 
 def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mode, return_state):
     """The backend contract (normlib.backends)."""
-    opts = dict(per_channel=per_channel, decay=decay, eps=eps, eps_mode=eps_mode, return_state=return_state)
-    sw, sm, sq = state if state is not None else (None, None, None)
-    y, *sout = _RunningNorm.apply(x, weight, bias, lengths, sw, sm, sq, opts)
-    return y, (NormState(*sout) if return_state else None)
+    launch.check_dtype(x)
+    B, C = x.shape[:2]
+    nsc = C if per_channel else 1
+    sin = None if state is None else torch.stack(list(state)).reshape(3, B, nsc)
+    save = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (x, weight, bias, sin))
+    y, sout, _ = running_norm_fwd(x, weight, bias, lengths, sin, per_channel, decay, float(eps),
+                                  eps_mode == "outside", return_state, save,
+                                  launch.tiles_for(x, per_channel))
+    if not return_state:
+        return y, None
+    s = sout if per_channel else sout[..., 0]
+    return y, NormState(s[0], s[1], s[2])

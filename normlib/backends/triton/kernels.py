@@ -19,8 +19,8 @@ Published words carry a tag in their upper 32 bits (the launch's epoch + 1) besi
 reader tells a word written by this launch from a stale one without a fence or a workspace reset; the
 epoch comes from the ticket counter itself (epoch << 32 | ticket), which the last ticket advances.
 
-Statistics are float32 Chan merges of x - K, K a per-sequence (per-channel) shift: frame 0's mean, or
-the incoming state's mean. GLOBAL runs the same tile code in two launches (PHASE 1: per-span summaries;
+Statistics are float32 Chan merges of x - K, K a per-sequence (per-channel) shift: frame 0's mean (or
+value); an incoming float64 state is shifted by K in float64. GLOBAL runs the same tile code in two launches (PHASE 1: per-span summaries;
 PHASE 2: reduce them and finish). The backward's math is derived in docs/math.md.
 """
 import triton
@@ -157,6 +157,8 @@ def _lookback(ws_ptr, rec0, tile, tag, d_tile, offs_s, SC: tl.constexpr, WINDOW:
             inc_ok = tl.where(j == ((tile - 1) // WINDOW) * WINDOW, inc_ok, 0)
         k = tl.max(tl.where(inc_ok > 0, offs_w, -1), axis=0)  # newest published prefix in the window
         ready = tl.min(tl.where(offs_w > k, agg_ok, 1), axis=0)
+        if DETERMINISTIC:  # wait for that prefix: walking past it would never meet another
+            ready = tl.where(k >= 0, ready, 0)
         if ready > 0:
             use_inc = (offs_w == k)[:, None]
             keep = (offs_w >= k)[:, None] & ok_j[:, None]

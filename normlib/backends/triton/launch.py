@@ -65,19 +65,33 @@ class Plan(NamedTuple):
     log2d: float
 
 
-def plan(x, per_channel, decay) -> Plan:
+def tiles_for(x, per_channel) -> list[int]:
+    """The launch choices for x, as ints an op can carry: [block_c, block_t, warps, window, span, walk,
+    deterministic]. Forward and backward take the same list, so they always agree on the tiling."""
     B, C, T = x.shape
-    mode = time_mode(decay)
     channels_last = x.stride(1) == 1 and x.stride(2) != 1
     bc, bt, warps = choose_tiles(C, T, per_channel, channels_last, x.device)
     ncb = triton.cdiv(C, bc) if per_channel else 1
-    sc = bc if per_channel else 1
-    nt = triton.cdiv(T, bt)
-    window = _OVERRIDE.get("window", 32 if sc == 1 else 8)
+    window = _OVERRIDE.get("window", 8 if per_channel else 32)
     want = max(1, 4 * _num_sms(x.device) // max(1, B * ncb))
-    span = _OVERRIDE.get("span", max(1, triton.cdiv(nt, want)))
-    return Plan(mode, bc, bt, warps, ncb, sc, nt, window, span, triton.cdiv(nt, span),
-                math.log2(decay) if mode == EMA else 0.0)
+    span = _OVERRIDE.get("span", max(1, triton.cdiv(triton.cdiv(T, bt), want)))
+    return [bc, bt, warps, window, span, int(bool(_OVERRIDE.get("walk"))),
+            int(torch.are_deterministic_algorithms_enabled())]
+
+
+def plan(shape, per_channel, decay, tiles) -> Plan:
+    B, C, T = shape
+    mode = time_mode(decay)
+    bc, bt, warps, window, span = tiles[:5]
+    nt = triton.cdiv(T, bt)
+    return Plan(mode, bc, bt, warps, triton.cdiv(C, bc) if per_channel else 1, bc if per_channel else 1, nt,
+                window, span, triton.cdiv(nt, span), math.log2(decay) if mode == EMA else 0.0)
+
+
+def prefix_numel(shape, per_channel, decay, tiles) -> int:
+    """Size of the float32 prefix buffer the forward saves for the backward."""
+    p = plan(shape, per_channel, decay, tiles)
+    return shape[0] * p.ncb * p.nt * 3 * p.sc
 
 
 def _workspace(device, n_words):
@@ -91,11 +105,10 @@ def _workspace(device, n_words):
     return ws, ctr
 
 
-def _launch(kernel, p: Plan, x, B, per_channel, **kw):
+def _launch(kernel, p: Plan, tiles, x, B, per_channel, **kw):
     """Run the kernel: one launch with the look-back, or GLOBAL's two, or a plain grid for FRAME."""
     flags = dict(POOL_ALL=not per_channel, MODE=p.mode, BLOCK_C=p.block_c, BLOCK_T=p.block_t, WINDOW=p.window,
-                 DETERMINISTIC=torch.are_deterministic_algorithms_enabled(),
-                 AGG_ONLY=bool(_OVERRIDE.get("walk")), num_warps=p.warps)
+                 DETERMINISTIC=bool(tiles[6]), AGG_ONLY=bool(tiles[5]), num_warps=p.warps)
     sizes = dict(B=B, C=x.shape[1], T=x.shape[2], NCB=p.ncb, NT=p.nt, NSPAN=p.nspan, log2d=p.log2d)
     if p.mode == GLOBAL:
         ws = torch.empty(B * p.ncb * p.nspan * 3 * p.sc, dtype=torch.float32, device=x.device)
@@ -109,64 +122,63 @@ def _launch(kernel, p: Plan, x, B, per_channel, **kw):
                                     **flags)
 
 
-def _check_dtype(x):
+def check_dtype(x):
     if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise TypeError(f"backend='triton' takes float16, bfloat16 or float32 inputs, got {x.dtype}")
 
 
-def _stacked(state, B, nsc):
-    return None if state is None else torch.stack(list(state)).reshape(3, B, nsc).contiguous()
-
-
-def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mode, return_state,
-            save_for_backward=False):
-    """The backend contract (see normlib.backends) plus, with ``save_for_backward``, what ``backward``
-    needs: the tiles' prefixes (a float32 tensor) and the plan. Returns (y, state_out or None, saved)."""
-    _check_dtype(x)
+def forward(x, weight, bias, lengths, sin, *, per_channel, decay, eps, eps_outside, return_state, save,
+            tiles):
+    """y, the outgoing state as a (3, B, C|1) float64 tensor (or None) and, with ``save``, the tiles'
+    prefixes that ``backward`` needs (or None). ``sin`` is the incoming state stacked the same way."""
     B, C, T = x.shape
-    p = plan(x, per_channel, decay)
+    p = plan(x.shape, per_channel, decay, tiles)
     nsc = C if per_channel else 1
+    weight, bias, lengths, sin = (_dense(t) for t in (weight, bias, lengths, sin))
     y = torch.empty_like(x)
-    sin = _stacked(state, B, nsc) if p.mode != FRAME else None
     sout = None
     if return_state:  # rows with lengths == 0 keep the incoming state (or the empty one)
-        sout = (_stacked(state, B, nsc).clone() if state is not None
-                else torch.zeros(3, B, nsc, dtype=torch.float64, device=x.device))
-    pre = (torch.empty(B * p.ncb * p.nt * 3 * p.sc, dtype=torch.float32, device=x.device)
-           if save_for_backward else None)
+        sout = sin.clone() if sin is not None else torch.zeros(3, B, nsc, dtype=torch.float64, device=x.device)
+    if p.mode == FRAME:
+        sin = None  # FRAME ignores the incoming state's statistics
+    pre = None
+    if save:  # FRAME writes none of it and GLOBAL only tile 0's entries: zeros there, not garbage
+        alloc = torch.empty if p.mode in (CUMULATIVE, EMA) else torch.zeros
+        pre = alloc(prefix_numel(x.shape, per_channel, decay, tiles), dtype=torch.float32, device=x.device)
     if x.numel():
-        _launch(running_norm_fwd, p, x, B, per_channel, x_ptr=x, y_ptr=y, w_ptr=_or(weight, y), b_ptr=_or(bias, y),
-                len_ptr=_or(lengths, y), sin_ptr=_or(sin, y), sout_ptr=_or(sout, y), pre_ptr=_or(pre, y),
-                sxb=x.stride(0), sxc=x.stride(1), sxt=x.stride(2), syb=y.stride(0), syc=y.stride(1),
-                syt=y.stride(2), eps=eps, HAS_W=weight is not None, HAS_B=bias is not None,
+        _launch(running_norm_fwd, p, tiles, x, B, per_channel, x_ptr=x, y_ptr=y, w_ptr=_or(weight, y),
+                b_ptr=_or(bias, y), len_ptr=_or(lengths, y), sin_ptr=_or(sin, y), sout_ptr=_or(sout, y),
+                pre_ptr=_or(pre, y), sxb=x.stride(0), sxc=x.stride(1), sxt=x.stride(2), syb=y.stride(0),
+                syc=y.stride(1), syt=y.stride(2), eps=eps, HAS_W=weight is not None, HAS_B=bias is not None,
                 HAS_LEN=lengths is not None, HAS_SIN=sin is not None, STORE_SOUT=sout is not None,
-                STORE_PREFIX=pre is not None, EPS_OUTSIDE=eps_mode == "outside")
+                STORE_PREFIX=pre is not None, EPS_OUTSIDE=eps_outside)
     else:
         y.zero_()
-    return y, (None if sout is None else _state(sout, per_channel)), (pre, p)
+    return y, sout, pre
 
 
-def backward(gy, gsout, x, weight, lengths, state, pre, p: Plan, *, per_channel, decay, eps, eps_mode,
-             need_weight_grads):
-    """Gradients of ``forward``: (dx, dweight, dbias, dstate as a (3, B, C|1) float64 tensor or None).
-
-    ``pre`` and ``p`` are what the forward saved; ``gsout`` is the (3, B, C|1) gradient of the returned
-    state, or None."""
+def backward(gy, gsout, x, weight, lengths, sin, pre, *, per_channel, decay, eps, eps_outside,
+             need_weight_grads, tiles):
+    """Gradients of ``forward``: (dx, dweight, dbias, dstate as (3, B, C|1) float64, or None where not
+    asked). ``gsout`` is the (3, B, C|1) gradient of the returned state, or None."""
     B, C, T = x.shape
+    p = plan(x.shape, per_channel, decay, tiles)
     nsc = C if per_channel else 1
+    weight, lengths, sin, gsout = (_dense(t) for t in (weight, lengths, sin, gsout))
     gx = torch.empty_like(x)
-    sin = _stacked(state, B, nsc) if p.mode != FRAME else None
-    gsin = torch.zeros(3, B, nsc, dtype=torch.float64, device=x.device) if state is not None else None
+    gsin = torch.zeros(3, B, nsc, dtype=torch.float64, device=x.device) if sin is not None else None
+    if p.mode == FRAME:
+        sin = None
     gwp = torch.empty(2, B, p.nt, C, dtype=torch.float32, device=x.device) if need_weight_grads else None
     if x.numel():
-        _launch(running_norm_bwd, p, x, B, per_channel, x_ptr=x, gy_ptr=gy, gx_ptr=gx,
+        _launch(running_norm_bwd, p, tiles, x, B, per_channel, x_ptr=x, gy_ptr=gy, gx_ptr=gx,
                 w_ptr=_or(weight, gx), len_ptr=_or(lengths, gx), sin_ptr=_or(sin, gx),
-                gsout_ptr=_or(gsout, gx), gsin_ptr=_or(gsin, gx), pre_ptr=pre,
+                gsout_ptr=_or(gsout, gx), gsin_ptr=_or(gsin if sin is not None else None, gx), pre_ptr=pre,
                 gwp_ptr=gwp[0] if gwp is not None else gx, gbp_ptr=gwp[1] if gwp is not None else gx,
                 sxb=x.stride(0), sxc=x.stride(1), sxt=x.stride(2), sgb=gy.stride(0), sgc=gy.stride(1),
                 sgt=gy.stride(2), sdb=gx.stride(0), sdc=gx.stride(1), sdt=gx.stride(2), eps=eps,
                 HAS_W=weight is not None, HAS_LEN=lengths is not None, HAS_SIN=sin is not None,
-                HAS_GSOUT=gsout is not None, STORE_GW=gwp is not None, EPS_OUTSIDE=eps_mode == "outside")
+                HAS_GSOUT=gsout is not None, STORE_GW=gwp is not None, EPS_OUTSIDE=eps_outside)
     else:
         gx.zero_()
         if gwp is not None:
@@ -178,16 +190,14 @@ def backward(gy, gsout, x, weight, lengths, state, pre, p: Plan, *, per_channel,
             gsin = gsin + gsout
     gw = gb = None
     if gwp is not None:  # deterministic: a fixed-order reduction of per-tile float32 partials
-        gw, gb = gwp.sum(dim=(1, 2)).unbind(0)
+        gw, gb = gwp[0].sum(dim=(0, 1)), gwp[1].sum(dim=(0, 1))
     return gx, gw, gb, gsin
+
+
+def _dense(t):
+    """Small side tensors (weights, lengths, stacked states) are indexed as contiguous by the kernels."""
+    return t.contiguous() if t is not None else None
 
 
 def _or(t, dummy):
     return t if t is not None else dummy
-
-
-def _state(s, per_channel):
-    from ...state import NormState
-
-    s = s if per_channel else s[..., 0]
-    return NormState(s[0], s[1], s[2])

@@ -1,0 +1,72 @@
+"""The Triton backend as PyTorch ops: opcheck, and torch.compile(fullgraph=True) over a model (interpreter
+on CPU here; benchmarks/gpu_report.py runs the same on the GPU with Inductor)."""
+import pytest
+import torch
+from torch import nn
+
+import normlib
+from normlib.backends import triton as tb
+
+from conftest import TOL, rel_err
+
+
+def _args(per_channel, decay, state, return_state, save):
+    torch.manual_seed(0)
+    B, C, T = 2, 5, 19
+    x = torch.randn(B, C, T, requires_grad=True)
+    w = torch.randn(C, requires_grad=True)
+    b = torch.randn(C, requires_grad=True)
+    nsc = C if per_channel else 1
+    sin = None
+    if state:
+        sin = torch.stack([torch.full((B, nsc), 7.0, dtype=torch.float64), torch.randn(B, nsc, dtype=torch.float64),
+                           torch.rand(B, nsc, dtype=torch.float64) * 5]).requires_grad_()
+    lengths = torch.tensor([T, 11])
+    with tb.tile_size(block_t=4, window=2):
+        tiles = tb.launch.tiles_for(x, per_channel)
+    return (x, w, b, lengths, sin, per_channel, decay, 1e-5, False, return_state, save, tiles)
+
+
+@pytest.mark.parametrize("per_channel,decay,state", [
+    pytest.param(False, 1.0, True, id="cln-state"),
+    pytest.param(True, 0.9, True, id="ccemaln-state"),
+    pytest.param(False, None, False, id="gln"),
+    pytest.param(False, 0.0, False, id="frameln"),
+])
+def test_opcheck(per_channel, decay, state):
+    args = _args(per_channel, decay, state, return_state=decay is not None, save=True)
+    torch.library.opcheck(tb.running_norm_fwd, args)
+
+
+class _Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv1d(6, 6, 3, padding=1)
+        self.cln = normlib.create("cln", 6, backend="triton")
+        self.ema = normlib.create("ccemaln", 6, decay=0.9, backend="triton")
+        self.gln = normlib.create("gln", 6, backend="triton")
+
+    def forward(self, x, lengths, state):
+        h, state = self.cln(self.conv(x), lengths=lengths, state=state, return_state=True)
+        return self.gln(self.ema(h), lengths=lengths), state
+
+
+def test_compile_fullgraph_matches_eager():
+    torch.manual_seed(1)
+    model = _Model()
+    x = torch.randn(2, 6, 23)
+    lengths = torch.tensor([23, 9])
+    state = normlib.NormState(torch.full((2,), 12.0, dtype=torch.float64), torch.randn(2, dtype=torch.float64),
+                              torch.rand(2, dtype=torch.float64) * 12)
+    with tb.tile_size(block_t=8, window=2):
+        y_eager, s_eager = model(x, lengths, state)
+        y_eager.square().sum().backward()
+        g_eager = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad()
+        compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+        y_comp, s_comp = compiled(x, lengths, state)
+        y_comp.square().sum().backward()
+    assert rel_err(y_comp, y_eager) < TOL[torch.float32]
+    assert all(rel_err(a, b) < 1e-10 for a, b in zip(s_comp, s_eager))
+    for p, g in zip(model.parameters(), g_eager):
+        assert rel_err(p.grad, g) < 1e-4
