@@ -155,6 +155,34 @@ def run_checks(quick):
 
     torch.use_deterministic_algorithms(False)
 
+    print("== torch.compile(fullgraph=True) of a model equals eager; opcheck", flush=True)
+    from normlib.backends import triton as tb
+    model = torch.nn.Sequential(torch.nn.Conv1d(64, 64, 3, padding=1), normlib.create("cln", 64),
+                                normlib.create("ccemaln", 64, decay=0.9), normlib.create("gln", 64)).cuda()
+    x = make(4, 64, 3000, torch.float32, "b c t", seed=9)
+    y_e = model(x)
+    g_e = torch.autograd.grad(y_e.square().sum(), list(model.parameters()))
+    torch._dynamo.reset()
+    y_c = torch.compile(model, fullgraph=True)(x)
+    g_c = torch.autograd.grad(y_c.square().sum(), list(model.parameters()))
+    e = max([rel(y_c, y_e)] + [rel(a_, b_) for a_, b_ in zip(g_c, g_e)])
+    check("compile fullgraph model (cln, ccemaln, gln)", e < 1e-5, f"{e:.1e}")
+    for pc, dec in ((False, 1.0), (True, 0.9), (False, None), (False, 0.0)):
+        xo = make(2, 33, 700, torch.float32, "b c t", seed=10).requires_grad_()
+        w, b = torch.randn(33, device="cuda", requires_grad=True), torch.randn(33, device="cuda", requires_grad=True)
+        nsc = 33 if pc else 1
+        sin = None if dec is None or dec == 0 else torch.stack([
+            torch.full((2, nsc), 9.0, device="cuda", dtype=torch.float64),
+            torch.randn(2, nsc, device="cuda", dtype=torch.float64),
+            torch.rand(2, nsc, device="cuda", dtype=torch.float64) * 9]).requires_grad_()
+        args = (xo, w, b, torch.tensor([700, 301], device="cuda"), sin, pc, dec, 1e-5, False, dec is not None, True,
+                tb.launch.tiles_for(xo, pc))
+        try:
+            torch.library.opcheck(tb.running_norm_fwd, args)
+            check(f"opcheck per_channel={pc} decay={dec}", True)
+        except Exception as exc:  # noqa: BLE001
+            check(f"opcheck per_channel={pc} decay={dec}", False, str(exc).splitlines()[0][:200])
+
     print("== DC offset 1e4, fp32", flush=True)
     x = make(4, 256, 20000, torch.float32, "b c t", offset=1e4, seed=3)
     for name in NORMS:
