@@ -269,6 +269,35 @@ def _rstd(var, eps, EPS_OUTSIDE: tl.constexpr):
 
 
 @triton.jit
+def _tile(ctr_ptr, x_ptr, len_ptr, sxb, sxc, B, C, T, NCB, NT, MODE: tl.constexpr, POOL_ALL: tl.constexpr,
+          HAS_LEN: tl.constexpr, BLOCK_C: tl.constexpr, SC: tl.constexpr, REVERSE: tl.constexpr):
+    """Which tile this program owns and what every tile needs first: (it, vt, seq, tag, b64, offs_c, m_c,
+    offs_s, length, s_off, s_ok, NS, K, px0). Look-back modes take tile-major tickets (tile i of every
+    sequence before tile i + 1 of any; REVERSE hands them out from the end, vt counting from there);
+    other modes a 1D grid in the same order (a second grid dim stops at 65535)."""
+    tag = 0
+    if MODE == 1 or MODE == 2:
+        tile_id, tag = _ticket(ctr_ptr, B * NCB * NT)
+    else:
+        tile_id = tl.program_id(0)
+    vt = tile_id // (B * NCB)
+    it = vt
+    if REVERSE and (MODE == 1 or MODE == 2):
+        it = NT - 1 - vt
+    seq = tile_id % (B * NCB)
+    b64 = (seq // NCB).to(tl.int64)
+    offs_c = (seq % NCB) * BLOCK_C + tl.arange(0, BLOCK_C)
+    m_c = offs_c < C
+    length = T
+    if HAS_LEN:
+        length = tl.load(len_ptr + b64).to(tl.int32)
+    s_off, s_ok, NS = _state_index(b64, offs_c, m_c, B, C, POOL_ALL, SC)
+    K = _shift(x_ptr, b64, sxb, sxc, offs_c, m_c, C, length, POOL_ALL)
+    px0 = x_ptr + b64 * sxb + offs_c.to(tl.int64)[:, None] * sxc
+    return it, vt, seq, tag, b64, offs_c, m_c, tl.arange(0, SC), length, s_off, s_ok, NS, K, px0
+
+
+@triton.jit
 def running_norm_fwd(
     x_ptr,  # [B, C, T] (strides sxb, sxc, sxt)
     y_ptr,  # [B, C, T] (strides syb, syc, syt)
@@ -290,24 +319,8 @@ def running_norm_fwd(
     DETERMINISTIC: tl.constexpr = False, AGG_ONLY: tl.constexpr = False,
 ):
     SC: tl.constexpr = 1 if POOL_ALL else BLOCK_C  # statistics per frame: one, or one per channel
-    if MODE == 1 or MODE == 2:  # tile-major ticket order: tile i of every sequence before tile i + 1
-        tile_id, tag = _ticket(ctr_ptr, B * NCB * NT)
-        it = tile_id // (B * NCB)
-        seq = tile_id % (B * NCB)
-    else:  # a 1D grid (the second grid dim stops at 65535 tiles), tile-major like the tickets
-        it = tl.program_id(0) // (B * NCB)
-        seq = tl.program_id(0) % (B * NCB)
-    b64 = (seq // NCB).to(tl.int64)
-    cb = seq % NCB
-    offs_c = cb * BLOCK_C + tl.arange(0, BLOCK_C)
-    m_c = offs_c < C
-    offs_s = tl.arange(0, SC)
-    length = T
-    if HAS_LEN:
-        length = tl.load(len_ptr + b64).to(tl.int32)
-    s_off, s_ok, NS = _state_index(b64, offs_c, m_c, B, C, POOL_ALL, SC)
-    K = _shift(x_ptr, b64, sxb, sxc, offs_c, m_c, C, length, POOL_ALL)
-    px0 = x_ptr + b64 * sxb + offs_c.to(tl.int64)[:, None] * sxc
+    it, _, seq, tag, b64, offs_c, m_c, offs_s, length, s_off, s_ok, NS, K, px0 = _tile(
+        ctr_ptr, x_ptr, len_ptr, sxb, sxc, B, C, T, NCB, NT, MODE, POOL_ALL, HAS_LEN, BLOCK_C, SC, False)
 
     if PHASE == 1:  # GLOBAL, first launch: one summary per span of SPAN tiles
         gw = tl.zeros([SC], dtype=tl.float32)
@@ -421,25 +434,8 @@ def running_norm_bwd(
     DETERMINISTIC: tl.constexpr = False, AGG_ONLY: tl.constexpr = False,
 ):
     SC: tl.constexpr = 1 if POOL_ALL else BLOCK_C
-    if MODE == 1 or MODE == 2:  # reverse order: the last tile of every sequence starts first
-        tile_id, tag = _ticket(ctr_ptr, B * NCB * NT)
-        vt = tile_id // (B * NCB)  # the tile's index counted from the end
-        it = NT - 1 - vt
-        seq = tile_id % (B * NCB)
-    else:
-        it = tl.program_id(0) // (B * NCB)
-        seq = tl.program_id(0) % (B * NCB)
-    b64 = (seq // NCB).to(tl.int64)
-    cb = seq % NCB
-    offs_c = cb * BLOCK_C + tl.arange(0, BLOCK_C)
-    m_c = offs_c < C
-    offs_s = tl.arange(0, SC)
-    length = T
-    if HAS_LEN:
-        length = tl.load(len_ptr + b64).to(tl.int32)
-    s_off, s_ok, NS = _state_index(b64, offs_c, m_c, B, C, POOL_ALL, SC)
-    K = _shift(x_ptr, b64, sxb, sxc, offs_c, m_c, C, length, POOL_ALL)
-    px0 = x_ptr + b64 * sxb + offs_c.to(tl.int64)[:, None] * sxc
+    it, vt, seq, tag, b64, offs_c, m_c, offs_s, length, s_off, s_ok, NS, K, px0 = _tile(
+        ctr_ptr, x_ptr, len_ptr, sxb, sxc, B, C, T, NCB, NT, MODE, POOL_ALL, HAS_LEN, BLOCK_C, SC, True)
     pg0 = gy_ptr + b64 * sgb + offs_c.to(tl.int64)[:, None] * sgc
     gamma = tl.full([BLOCK_C], 1.0, tl.float32)
     if HAS_W:
