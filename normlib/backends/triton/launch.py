@@ -75,8 +75,9 @@ def tiles_for(x, per_channel) -> list[int]:
     window = _OVERRIDE.get("window", 8 if per_channel else 32)
     want = max(1, 4 * _num_sms(x.device) // max(1, B * ncb))
     span = _OVERRIDE.get("span", max(1, triton.cdiv(triton.cdiv(T, bt), want)))
-    return [bc, bt, warps, window, span, int(bool(_OVERRIDE.get("walk"))),
-            int(torch.are_deterministic_algorithms_enabled())]
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    walk = bool(_OVERRIDE.get("walk")) and not deterministic  # a walk would hide the prefix it waits for
+    return [bc, bt, warps, window, span, int(walk), int(deterministic)]
 
 
 def plan(shape, per_channel, decay, tiles) -> Plan:

@@ -1,0 +1,474 @@
+"""The Triton backend's backward (``backend="triton"``) against torch.autograd of the float64 reference.
+
+Every gradient the backward produces (x, weight, bias, and the incoming state's w, m and m2 for the causal
+norms, through y and through the returned state) is compared with autograd through
+``normlib.reference`` on float64 copies of the same inputs. Without a GPU the kernels run on CPU tensors
+in Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1), which runs Python per program: shapes
+are small, tiles are forced small with ``tile_size`` so that a sequence spans several tiles and the reverse
+look-back runs, and ``walk=True`` makes it ignore published suffixes but the last tile's, so it walks
+across several windows. With a GPU the same tests run on CUDA tensors.
+
+Every buffer the launcher allocates with ``torch.empty``/``empty_like`` (dx, the per-tile weight partials,
+the GLOBAL span sums) is filled with NaN first, so an element the kernel forgets to write fails.
+"""
+import itertools
+import math
+
+import pytest
+import torch
+
+import normlib
+from normlib import backends
+from normlib.backends.triton import launch, tile_size
+from conftest import NORMS, SPECS, TOL, assert_rel, make_affine, make_lengths, make_state, make_x, ref
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+F32, F16 = torch.float32, torch.float16
+DTYPES = {"f32": F32, "f16": F16}
+LAYOUTS = {"bct": "b c t", "btc": "b t c"}
+RUNNING = ("cln", "ccln", "emaln", "ccemaln")  # the look-back norms (CUMULATIVE and EMA)
+CAUSAL = RUNNING + ("frameln",)
+GLOBAL = ("gln", "instln")
+SD = normlib.NormState.empty((1,)).dtype  # the states' dtype (float64, whatever the input's)
+STATE_FIELDS = ("state.w", "state.m", "state.m2")
+GRID_EPS = 0.05  # large enough that eps inside / outside the sqrt change the gradients far beyond tolerance
+
+# Relative error against the float64 reference's gradients, by input dtype. Measured over the grid in the
+# interpreter: fp32 <= 2.7e-7 for dx, dweight, dbias and <= 6.3e-7 for the state's gradients (float32
+# statistics); fp16 <= 3.7e-4 for dx, dweight, dbias (rounded to fp16), <= 2.1e-7 for the state's gradients
+# (float64 outputs, computed in float32 from the exact fp16 inputs).
+GRAD_TOL = {F32: 1e-5, F16: TOL[F16]}
+STATE_GRAD_TOL = {F32: 1e-5, F16: 1e-5}
+
+pytestmark = pytest.mark.skipif(not backends.triton_usable(torch.zeros(1, device=DEVICE)),
+                                reason="the Triton backend needs a GPU or TRITON_INTERPRET=1")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------------------------------
+class _PoisonedTorch:
+    """Stands in for ``torch`` inside launch.py: fresh float buffers (empty, empty_like) come back NaN."""
+
+    def __init__(self, real):
+        self._real = real
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    @staticmethod
+    def _nan(t):
+        return t.fill_(math.nan) if t.is_floating_point() else t
+
+    def empty_like(self, *args, **kwargs):
+        return self._nan(self._real.empty_like(*args, **kwargs))
+
+    def empty(self, *args, **kwargs):
+        return self._nan(self._real.empty(*args, **kwargs))
+
+
+@pytest.fixture(autouse=True)
+def _poison_buffers(monkeypatch):
+    monkeypatch.setattr(launch, "torch", _PoisonedTorch(torch))
+
+
+@pytest.fixture
+def deterministic():
+    """torch.use_deterministic_algorithms(True) for the test, the previous setting restored after."""
+    was, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(was, warn_only=warn_only)
+
+
+def dev(t):
+    return None if t is None else t.to(DEVICE)
+
+
+def eps_for(name):
+    """eps for tests without an incoming state: a per-channel norm's first frame has variance 0 and its
+    second one nearly so, where eps=1e-8 makes the gradient ill-conditioned (relative error ~1e-4 in
+    float32, for the torch backend as well); 1e-3 keeps it well-conditioned."""
+    return 1e-3 if SPECS[name].per_channel else 1e-8
+
+
+def tiles_for(name, **kw):
+    """tile_size(...) arguments; block_c only for per-channel norms (pooled norms hold all C channels)."""
+    if not SPECS[name].per_channel:
+        kw.pop("block_c", None)
+    return kw
+
+
+def padding_mask(lengths, layout, B, C, T):
+    """True at the padding frames of a (B, C, T) or (B, T, C) tensor."""
+    pad = torch.arange(T)[None, :] >= lengths.cpu()[:, None]  # (B, T)
+    pad = pad[:, None, :].expand(B, C, T)
+    return pad if layout == "b c t" else pad.transpose(1, 2)
+
+
+def tdim(layout):
+    return 2 if layout == "b c t" else 1
+
+
+def cotangents(name, x, B, C, with_state, seed=7):
+    """Fixed random weights of the loss: one for y (in y's dtype, so both sides see the same values) and,
+    where the returned state is in the loss, one per state field (float64)."""
+    g = torch.Generator().manual_seed(seed)
+    gy = torch.randn(x.shape, generator=g, dtype=torch.float64).to(x.dtype)
+    shape = (B, C) if SPECS[name].per_channel else (B,)
+    gs = [torch.randn(shape, generator=g, dtype=SD) for _ in STATE_FIELDS] if with_state else None
+    return gy, gs
+
+
+def gradients(name, x, weight=None, bias=None, eps=1e-8, *, state=None, gy, gs=None, oracle=False,
+              requires=("x", "weight", "bias", "state"), **kw):
+    """{input: dL/dinput} for L = sum(y * gy) (+ sum over the returned state's fields of field * gs[i]).
+
+    The Triton backend's (through the public functional API), or, with ``oracle``, torch.autograd's
+    through the float64 reference on float64 copies. ``requires`` names the inputs that require grad;
+    an input that got no gradient (None) comes back as zeros. ``kw``: layout, lengths, eps_mode, decay.
+    """
+    to = (lambda t: t.detach().to(torch.float64).clone()) if oracle else (lambda t: dev(t).detach().clone())
+    x = to(x).requires_grad_("x" in requires)
+    w = None if weight is None else to(weight).requires_grad_("weight" in requires)
+    b = None if bias is None else to(bias).requires_grad_("bias" in requires)
+    st = None if state is None else normlib.NormState(*(to(t).requires_grad_("state" in requires) for t in state))
+    inputs = {"x": x, "weight": w, "bias": b}
+    if st is not None:
+        inputs.update(zip(STATE_FIELDS, st))
+    inputs = {k: v for k, v in inputs.items() if v is not None and v.requires_grad}
+    if SPECS[name].causal:
+        kw.update(state=st, return_state=gs is not None)
+    if oracle:
+        out = ref(name, x, w, b, eps, **kw)
+    else:
+        kw["lengths"] = dev(kw.get("lengths"))
+        out = getattr(normlib.functional, name)(x, w, b, eps, backend="triton", **kw)
+    y, s = out if gs is not None else (out, None)
+    loss = (y * (gy.to(torch.float64) if oracle else dev(gy))).sum()
+    if gs is not None:
+        loss = loss + sum((f * (g if oracle else dev(g))).sum() for f, g in zip(s, gs))
+    got = torch.autograd.grad(loss, list(inputs.values()), allow_unused=True)
+    return {k: torch.zeros_like(v) if g is None else g for (k, v), g in zip(inputs.items(), got)}
+
+
+def check_gradients(got, want, dtype, what=""):
+    """The same inputs got a gradient, on the device, without NaN, within tolerance of the float64
+    reference (STATE_GRAD_TOL for the state's fields, GRAD_TOL for x, weight and bias)."""
+    assert set(got) == set(want), f"{what}: gradients for {sorted(got)}, expected {sorted(want)}"
+    for k, g in got.items():
+        assert g.device.type == DEVICE.type, f"{what} grad {k}: on {g.device}"
+        assert not torch.isnan(g).any(), f"{what} grad {k}: NaN (an element left unwritten?)"
+        tol = STATE_GRAD_TOL[dtype] if k.startswith("state.") else GRAD_TOL[dtype]
+        assert_rel(g, want[k], tol, f"{what} grad {k}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# The flag grid: every norm x every flag of the backward, pairwise-covered, against the float64 oracle
+# ---------------------------------------------------------------------------------------------------
+def pairwise(factors):
+    """Rows of ``factors`` (two values each, at most 10 factors) in which every pair of values of every two
+    factors appears at least once, in 6 rows: row 0 takes every factor's first value, and factor i takes
+    its second value in the rows of the i-th 3-subset of rows 1..5 (two 3-subsets of 5 rows meet, and
+    differ both ways)."""
+    subsets = list(itertools.combinations(range(1, 6), 3))
+    assert all(len(v) == 2 for v in factors.values()) and len(factors) <= len(subsets)
+    return [{name: values[r in subsets[i]] for i, (name, values) in enumerate(factors.items())} for r in range(6)]
+
+
+def test_pairwise_covers_every_pair():
+    factors = {f"f{i}": [f"a{i}", f"b{i}"] for i in range(10)}
+    rows = pairwise(factors)
+    for a, b in itertools.combinations(factors, 2):
+        assert {(r[a], r[b]) for r in rows} == set(itertools.product(factors[a], factors[b])), (a, b)
+
+
+def _grid():
+    params = []
+    for name in NORMS:
+        spec = SPECS[name]
+        # weight and bias as two factors: pairwise coverage then holds all four affine combinations
+        factors = dict(weight=["w", "now"], bias=["b", "nob"], lengths=["full", "len"],
+                       eps_mode=["inside", "outside"], layout=list(LAYOUTS), dtype=list(DTYPES))
+        if name in RUNNING:
+            factors["tiles"] = ["look", "walk"]
+        if name in GLOBAL:
+            factors["tiles"] = ["span1", "span2"]
+        if spec.causal:
+            factors.update(state_in=["nostate", "sin"], state_out=["noret", "sout"])
+        if spec.per_channel:
+            factors.update(cblocks=["1cb", "2cb"])
+        for row in pairwise(factors):
+            row = dict(dict(tiles="look", state_in="nostate", state_out="noret", cblocks="1cb"), **row)
+            parts = [name, row["layout"], row["weight"], row["bias"], row["lengths"]]
+            parts += [row["tiles"]] if name in RUNNING + GLOBAL else []
+            parts += [row["cblocks"]] if spec.per_channel else []
+            parts += [p for p in (row["state_in"], row["state_out"]) if p not in ("nostate", "noret")]
+            parts += [f"eps{row['eps_mode']}", row["dtype"]]
+            params.append(pytest.param(name, row, id="-".join(parts)))
+    return params
+
+
+@pytest.mark.parametrize("name, row", _grid())
+def test_gradient_grid(name, row):
+    """C=5 in tiles of 4 frames: T=13 (4 tiles, the last one frame long) where the look-back walks (windows
+    of 2, so the walk crosses windows), T=9 (3 tiles) otherwise; per-channel norms in one block of 8
+    channels or two of 4 (the second partial); GLOBAL in spans of 1 or 2 tiles. Lengths T, 7 (inside a
+    tile) and 0 (B=3), else B=2; an incoming state whose second row is empty (weight 0); a loss on y and
+    on all three fields of the returned state."""
+    B, C, T = (3 if row["lengths"] == "len" else 2), 5, (13 if row["tiles"] == "walk" else 9)
+    dtype, layout = DTYPES[row["dtype"]], LAYOUTS[row["layout"]]
+    x = make_x(B, C, T, layout, dtype, offset=0.3)
+    w, b = make_affine(C, dtype)
+    w = w if row["weight"] == "w" else None
+    b = b if row["bias"] == "b" else None
+    lengths = torch.tensor([T, 7, 0]) if row["lengths"] == "len" else None
+    state = make_state(name, B, C, SD, empty_rows=(1,)) if row["state_in"] == "sin" else None
+    gy, gs = cotangents(name, x, B, C, row["state_out"] == "sout")
+    kw = dict(state=state, gy=gy, gs=gs, layout=layout, lengths=lengths, eps_mode=row["eps_mode"])
+    tiles = dict(block_t=4, window=2, block_c=4 if row["cblocks"] == "2cb" else 8)
+    if row["tiles"] == "walk":
+        tiles["walk"] = True
+    elif row["tiles"].startswith("span"):
+        tiles["span"] = int(row["tiles"][4:])
+
+    with tile_size(**tiles_for(name, **tiles)):
+        got = gradients(name, x, w, b, GRID_EPS, **kw)
+    want = gradients(name, x, w, b, GRID_EPS, oracle=True, **kw)
+
+    assert got["x"].dtype == dtype and got["x"].shape == x.shape
+    check_gradients(got, want, dtype)
+    if lengths is not None:
+        pad = padding_mask(lengths, layout, B, C, T)
+        assert (got["x"].cpu()[pad] == 0).all(), "padding frames must get exactly zero gradient"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Padding frames get exactly zero gradient, whatever dL/dy holds there
+# ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name, layout", [pytest.param(n, lay, id=f"{n}-{lay}") for n, lay in [
+    ("cln", "bct"), ("gln", "btc"), ("frameln", "btc"), ("ccemaln", "btc")]])
+def test_padding_frames_get_zero_gradient(name, layout):
+    """y is 0 at padding frames whatever x holds, so dL/dx is exactly 0 there, even where dL/dy is NaN
+    or inf (the kernel must not read dL/dy at padding); the valid frames match the oracle. Random lengths
+    (one full, one short, one on a tile edge), the returned state in the loss."""
+    B, C, T = 3, 5, 11
+    layout = LAYOUTS[layout]
+    eps = eps_for(name)
+    g = torch.Generator().manual_seed(3)
+    x = make_x(B, C, T, layout, F32, offset=-0.4)
+    w, b = make_affine(C, F32)
+    lengths = make_lengths(B, T, generator=g)
+    lengths[2] = 4  # a tile edge
+    pad = padding_mask(lengths, layout, B, C, T)
+    gy, gs = cotangents(name, x, B, C, SPECS[name].causal)
+    gy[pad] = torch.tensor([math.nan, math.inf, -math.inf]).repeat(pad.sum().item())[: pad.sum()]
+    kw = dict(gy=gy, gs=gs, layout=layout, lengths=lengths)
+
+    with tile_size(**tiles_for(name, block_t=4, window=2, block_c=8)):
+        got = gradients(name, x, w, b, eps, **kw)
+    want = gradients(name, x, w, b, eps, oracle=True, **kw)
+
+    assert (got["x"].cpu()[pad] == 0).all(), "padding frames must get exactly zero gradient"
+    assert_rel(got["x"].cpu()[~pad], want["x"][~pad], GRAD_TOL[F32], "grad x at valid frames")
+    check_gradients({k: v for k, v in got.items() if k != "x"}, {k: v for k, v in want.items() if k != "x"}, F32)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Chunked training: threading the state without detaching gives the whole sequence's gradients
+# ---------------------------------------------------------------------------------------------------
+def chunked_gradients(name, x, w, b, state, sizes, gy, gs, layout, lengths=None, oracle=False):
+    """Run x in chunks of ``sizes`` frames, each chunk's incoming state the previous chunk's outgoing one
+    (not detached), L = sum over chunks of sum(y_chunk * gy_chunk) + the final state's fields * gs.
+
+    Returns ({x (the chunks' gradients concatenated), weight, bias, state.*: gradient}, [per boundary:
+    the gradients of L with respect to that boundary's state fields])."""
+    to = (lambda t: t.detach().to(torch.float64).clone()) if oracle else (lambda t: dev(t).detach().clone())
+    xs = [to(c).requires_grad_() for c in x.split(sizes, dim=tdim(layout))]
+    wb = [to(t).requires_grad_() for t in (w, b)]
+    st = normlib.NormState(*(to(t).requires_grad_() for t in state))
+    loss, s, boundaries, t0 = 0, st, [], 0
+    for xc, gyc in zip(xs, gy.split(sizes, dim=tdim(layout))):
+        n = xc.shape[tdim(layout)]
+        lc = None if lengths is None else (lengths - t0).clamp(0, n)
+        lc = lc if oracle else dev(lc)
+        if oracle:
+            y, s = ref(name, xc, *wb, layout=layout, lengths=lc, state=s, return_state=True)
+        else:
+            y, s = getattr(normlib.functional, name)(xc, *wb, layout=layout, lengths=lc, state=s,
+                                                      return_state=True, backend="triton")
+        loss = loss + (y * (gyc.double() if oracle else dev(gyc))).sum()
+        boundaries.append(s)
+        t0 += n
+    loss = loss + sum((f * (g if oracle else dev(g))).sum() for f, g in zip(s, gs))
+    inner = [f for s_ in boundaries[:-1] for f in s_]
+    got = torch.autograd.grad(loss, xs + wb + list(st) + inner, allow_unused=True)
+    got = [torch.zeros_like(t) if g is None else g for t, g in zip(xs + wb + list(st) + inner, got)]
+    n = len(xs)
+    grads = dict(x=torch.cat(got[:n], dim=tdim(layout)), weight=got[n], bias=got[n + 1],
+                 **dict(zip(STATE_FIELDS, got[n + 2: n + 5])))
+    return grads, [got[n + 5 + 3 * i: n + 8 + 3 * i] for i in range(len(boundaries) - 1)]
+
+
+def _chunk_cases():
+    cases = [("cln", "bct", [5, 0, 7, 4], True), ("ccln", "btc", [8, 1, 7], False),
+             ("emaln", "btc", [3, 9, 0, 4], False), ("frameln", "bct", [6, 1, 9], True),
+             ("ccemaln", "bct", [1, 6, 0, 9], True)]
+    return [pytest.param(name, layout, sizes, with_len, id=f"{name}-{layout}-chunks-{'-'.join(map(str, sizes))}"
+                         + ("-len" if with_len else "")) for name, layout, sizes, with_len in cases]
+
+
+@pytest.mark.parametrize("name, layout, sizes, with_lengths", _chunk_cases())
+def test_chunked_training_equals_whole_sequence(name, layout, sizes, with_lengths):
+    """T=16 in chunks (chunks of 0 and 1 frames, chunk edges inside tiles of 4, chunks of several tiles),
+    lengths 16 and 11 (inside a chunk) or none, an incoming state requiring grad: the gradients of x,
+    weight, bias and the incoming state equal those of one call on the whole sequence and those of the
+    float64 reference, and the gradient into each chunk boundary's state equals the reference's."""
+    B, C, T = 2, 5, 16
+    layout = LAYOUTS[layout]
+    x = make_x(B, C, T, layout, F32, offset=0.2)
+    w, b = make_affine(C, F32)
+    state = make_state(name, B, C, SD)
+    lengths = torch.tensor([T, 11]) if with_lengths else None  # 11: inside the third chunk
+    gy, gs = cotangents(name, x, B, C, True)
+
+    with tile_size(**tiles_for(name, block_t=4, window=2, block_c=8)):
+        chunked, bounds = chunked_gradients(name, x, w, b, state, sizes, gy, gs, layout, lengths)
+        whole = gradients(name, x, w, b, state=state, gy=gy, gs=gs, layout=layout, lengths=lengths)
+    want, want_bounds = chunked_gradients(name, x, w, b, state, sizes, gy, gs, layout, lengths, oracle=True)
+    want_whole = gradients(name, x, w, b, state=state, gy=gy, gs=gs, layout=layout, lengths=lengths,
+                           oracle=True)
+
+    for k in want_whole:  # the oracle agrees with itself (a sanity check of the test)
+        assert_rel(want[k], want_whole[k], 1e-10, f"oracle chunked vs whole {k}")
+    check_gradients(chunked, want, F32, "chunked")
+    for k in whole:
+        tol = STATE_GRAD_TOL[F32] if k.startswith("state.") else GRAD_TOL[F32]
+        assert_rel(chunked[k], whole[k], tol, f"chunked vs whole grad {k}")
+    for i, (got_b, want_b) in enumerate(zip(bounds, want_bounds)):
+        for field, g, e in zip(STATE_FIELDS, got_b, want_b):
+            assert not torch.isnan(g).any()
+            assert_rel(g, e, STATE_GRAD_TOL[F32], f"boundary {i} grad {field}")
+
+
+@pytest.mark.parametrize("name", ["emaln", "ccln"])
+def test_state_gradient_across_a_chunk_boundary(name):
+    """The second chunk alone, its incoming state the first chunk's outgoing state taken as a leaf: the
+    gradients into that state (through y and the returned state) equal the float64 reference's; the
+    boundary falls inside a tile of the whole sequence and the chunk spans several tiles (walking)."""
+    B, C, T = 2, 5, 18
+    x = make_x(B, C, T, "b c t", F32, offset=-0.3)
+    first, second = x[..., :5], x[..., 5:]
+    _, s = ref(name, first, state=make_state(name, B, C, SD), return_state=True)
+    s = normlib.NormState(*(t.detach() for t in s))
+    w, b = make_affine(C, F32)
+    lengths = torch.tensor([13, 6])
+    gy, gs = cotangents(name, second, B, C, True)
+    kw = dict(state=s, gy=gy, gs=gs, lengths=lengths)
+    with tile_size(**tiles_for(name, block_t=4, window=2, block_c=8, walk=True)):
+        got = gradients(name, second, w, b, **kw)
+    check_gradients(got, gradients(name, second, w, b, oracle=True, **kw), F32)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Determinism
+# ---------------------------------------------------------------------------------------------------
+class _Spy:
+    """Wraps a kernel in launch.py and records the keyword arguments of each launch."""
+
+    def __init__(self, kernel):
+        self.kernel, self.calls = kernel, []
+
+    def __getitem__(self, grid):
+        def call(*a, **k):
+            self.calls.append(k)
+            return self.kernel[grid](*a, **k)
+        return call
+
+
+@pytest.mark.parametrize("name", ["cln", "ccemaln", "gln"])
+def test_deterministic_mode_is_bitwise_repeatable(name, deterministic, monkeypatch):
+    """Under torch.use_deterministic_algorithms(True): the backward launches in deterministic mode, and two
+    runs give bit-identical dx, dweight, dbias (and state gradients), which match the oracle."""
+    B, C, T = 1, 5, 17  # 5 tiles of 4: in deterministic mode tile 4 takes tile 2's prefix, not tile 3's
+    x = make_x(B, C, T, offset=0.1)
+    w, b = make_affine(C, F32)
+    state = make_state(name, B, C, SD) if SPECS[name].causal else None
+    gy, gs = cotangents(name, x, B, C, SPECS[name].causal)
+    kw = dict(state=state, gy=gy, gs=gs)
+    spy = _Spy(launch.running_norm_bwd)
+    monkeypatch.setattr(launch, "running_norm_bwd", spy)
+    with tile_size(**tiles_for(name, block_t=4, window=2, block_c=8, span=2)):
+        first = gradients(name, x, w, b, eps_for(name), **kw)
+        second = gradients(name, x, w, b, eps_for(name), **kw)
+    assert spy.calls and all(k["DETERMINISTIC"] for k in spy.calls)
+    for k in first:
+        assert torch.equal(first[k], second[k]), f"grad {k} differs between two runs"
+    check_gradients(first, gradients(name, x, w, b, eps_for(name), oracle=True, **kw), F32)
+    assert torch.are_deterministic_algorithms_enabled()
+
+
+def test_deterministic_flag_is_restored():
+    """The fixture above restores the flag (this test runs after it in file order)."""
+    assert not torch.are_deterministic_algorithms_enabled()
+
+
+# ---------------------------------------------------------------------------------------------------
+# What requires grad: weight without bias, bias without weight, only x, only the parameters
+# ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name, affine", [
+    pytest.param("cln", "w-only", id="cln-w-only"), pytest.param("ccemaln", "w-only", id="ccemaln-w-only"),
+    pytest.param("gln", "b-only", id="gln-b-only"), pytest.param("emaln", "b-only", id="emaln-b-only"),
+])
+def test_one_affine_parameter(name, affine):
+    """weight requires grad and bias is None (or the reverse): the given one's gradient is right."""
+    B, C, T = 2, 5, 13
+    x = make_x(B, C, T, "b t c", F32)
+    w, b = make_affine(C, F32)
+    w, b = (w, None) if affine == "w-only" else (None, b)
+    gy, _ = cotangents(name, x, B, C, False)
+    kw = dict(gy=gy, layout="b t c", lengths=torch.tensor([T, 9]))
+    with tile_size(**tiles_for(name, block_t=4, window=2, block_c=8)):
+        got = gradients(name, x, w, b, eps_for(name), **kw)
+    assert set(got) == {"x", "weight" if w is not None else "bias"}
+    check_gradients(got, gradients(name, x, w, b, eps_for(name), oracle=True, **kw), F32)
+
+
+@pytest.mark.parametrize("name", ["cln", "frameln"])
+def test_only_x_requires_grad(name, monkeypatch):
+    """weight and bias given but not requiring grad: no parameter gradient is computed (the kernel stores
+    no per-tile partials) and dx is right; the reverse (only the parameters) gives the right dweight, dbias."""
+    B, C, T = 2, 5, 13
+    x = make_x(B, C, T)
+    w, b = make_affine(C, F32)
+    gy, _ = cotangents(name, x, B, C, False)
+    kw = dict(gy=gy, lengths=torch.tensor([T, 10]))
+    spy = _Spy(launch.running_norm_bwd)
+    monkeypatch.setattr(launch, "running_norm_bwd", spy)
+    with tile_size(block_t=4, window=2):
+        got = gradients(name, x, w, b, requires=("x",), **kw)
+        assert spy.calls and not any(k["STORE_GW"] for k in spy.calls)
+        spy.calls.clear()
+        got_params = gradients(name, x, w, b, requires=("weight", "bias"), **kw)
+        assert spy.calls and all(k["STORE_GW"] for k in spy.calls)
+    assert set(got) == {"x"} and set(got_params) == {"weight", "bias"}
+    check_gradients(got, gradients(name, x, w, b, requires=("x",), oracle=True, **kw), F32)
+    check_gradients(got_params, gradients(name, x, w, b, requires=("weight", "bias"), oracle=True, **kw), F32)
+
+
+@pytest.mark.parametrize("name", ["ccemaln"])
+def test_only_the_state_requires_grad(name):
+    """x and the parameters constant, the incoming state requiring grad (the first chunk of a truncated
+    BPTT with frozen inputs): the state's gradients are right."""
+    B, C, T = 2, 5, 13
+    x = make_x(B, C, T)
+    w, b = make_affine(C, F32)
+    state = make_state(name, B, C, SD)
+    gy, gs = cotangents(name, x, B, C, True)
+    kw = dict(state=state, gy=gy, gs=gs, lengths=torch.tensor([9, 0]), requires=("state",))
+    with tile_size(**tiles_for(name, block_t=4, window=2, block_c=8)):
+        got = gradients(name, x, w, b, **kw)
+    assert set(got) == set(STATE_FIELDS)
+    check_gradients(got, gradients(name, x, w, b, oracle=True, **kw), F32)
