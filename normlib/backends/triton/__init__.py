@@ -5,6 +5,10 @@ implementations and the autograd formula, so ``torch.compile(fullgraph=True)`` s
 The forward saves each tile's incoming prefix; the backward kernel recomputes the per-frame statistics
 from x and runs the reverse look-back for the suffix sums. States cross the op boundary stacked as one
 (3, B, C or 1) float64 tensor.
+
+Eager calls skip the op dispatcher (it costs more than a small kernel): without autograd they call the
+launcher directly, with autograd an ``autograd.Function`` that shares the ops' setup and backward. Under
+``torch.compile`` the ops are used, so the graph holds two opaque nodes and no break.
 """
 from __future__ import annotations
 
@@ -76,20 +80,40 @@ def _setup(ctx, inputs, output):
     ctx.return_state = return_state
 
 
-def _backward(ctx, gy, gsout, _gpre):
+def _grads(bwd, ctx, gy, gsout):
     x, weight, lengths, state, pre = ctx.saved_tensors
     need_w = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
     if not ctx.return_state:
         gsout = None
-    gx, gw, gb, gs = running_norm_bwd(gy, gsout, x, weight, lengths, state, pre, need_weight_grads=need_w,
-                                      **ctx.opts)
+    gx, gw, gb, gs = bwd(gy, gsout, x, weight, lengths, state, pre, need_weight_grads=need_w, **ctx.opts)
     return (gx, gw if ctx.needs_input_grad[1] else None,
             gb if ctx.needs_input_grad[2] and ctx.has_bias else None, None,
             gs if state is not None and ctx.needs_input_grad[4] else None,
             None, None, None, None, None, None, None)
 
 
+def _backward(ctx, gy, gsout, _gpre):
+    return _grads(running_norm_bwd, ctx, gy, gsout)
+
+
 running_norm_fwd.register_autograd(_backward, setup_context=_setup)
+
+
+class _EagerNorm(torch.autograd.Function):
+    """The same forward and backward as the ops, without the dispatcher."""
+
+    @staticmethod
+    def forward(x, weight, bias, lengths, state, per_channel, decay, eps, eps_outside, return_state, save,
+                tiles):
+        return launch.forward(x, weight, bias, lengths, state, per_channel=per_channel, decay=decay, eps=eps,
+                              eps_outside=eps_outside, return_state=return_state, save=save, tiles=tiles)
+
+    setup_context = staticmethod(_setup)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, gy, gsout, _gpre):
+        return _grads(launch.backward, ctx, gy, gsout)
 
 
 def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mode, return_state):
@@ -100,9 +124,15 @@ def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mod
     sin = None if state is None else torch.stack(list(state)).reshape(3, B, nsc)
     save = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (x, weight, bias, sin))
-    y, sout, _ = running_norm_fwd(x, weight, bias, lengths, sin, per_channel, decay, float(eps),
-                                  eps_mode == "outside", return_state, save,
-                                  launch.tiles_for(x, per_channel))
+    args = (x, weight, bias, lengths, sin, per_channel, decay, float(eps), eps_mode == "outside", return_state,
+            save, launch.tiles_for(x, per_channel))
+    if torch.compiler.is_compiling():
+        y, sout, _ = running_norm_fwd(*args)
+    elif save:
+        y, sout, _ = _EagerNorm.apply(*args)
+    else:
+        y, sout, _ = launch.forward(*args[:5], per_channel=per_channel, decay=decay, eps=args[7],
+                                    eps_outside=args[8], return_state=return_state, save=False, tiles=args[11])
     if not return_state:
         return y, None
     s = sout if per_channel else sout[..., 0]

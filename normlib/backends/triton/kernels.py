@@ -319,7 +319,7 @@ def running_norm_fwd(
     DETERMINISTIC: tl.constexpr = False, AGG_ONLY: tl.constexpr = False,
 ):
     SC: tl.constexpr = 1 if POOL_ALL else BLOCK_C  # statistics per frame: one, or one per channel
-    it, _, seq, tag, b64, offs_c, m_c, offs_s, length, s_off, s_ok, NS, K, px0 = _tile(
+    it, _vt, seq, tag, b64, offs_c, m_c, offs_s, length, s_off, s_ok, NS, K, px0 = _tile(
         ctr_ptr, x_ptr, len_ptr, sxb, sxc, B, C, T, NCB, NT, MODE, POOL_ALL, HAS_LEN, BLOCK_C, SC, False)
 
     if PHASE == 1:  # GLOBAL, first launch: one summary per span of SPAN tiles
@@ -334,7 +334,7 @@ def running_norm_fwd(
             n = _tile_sum(msk.to(tl.float32), POOL_ALL)
             mk = _tile_sum(xk, POOL_ALL) / tl.where(n > 0, n, 1.0)
             dev = tl.where(msk, xk - mk[:, None], 0.0)
-            gw, gm, gq, _ = merge(gw, gm, gq, 1.0, n, mk, _tile_sum(dev * dev, POOL_ALL), 1.0)
+            gw, gm, gq, _d = merge(gw, gm, gq, 1.0, n, mk, _tile_sum(dev * dev, POOL_ALL), 1.0)
         rec = (seq.to(tl.int64) * NSPAN + it) * (3 * SC)
         tl.store(ws_ptr + rec + 0 * SC + offs_s, gw)
         tl.store(ws_ptr + rec + 1 * SC + offs_s, gm)

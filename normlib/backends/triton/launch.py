@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from typing import NamedTuple
 
@@ -13,15 +14,16 @@ from .kernels import running_norm_bwd, running_norm_fwd
 FRAME, CUMULATIVE, EMA, GLOBAL = 0, 1, 2, 3
 _OVERRIDE: dict = {}
 _WORKSPACES: dict = {}
+_TILES: dict = {}
 
 
 @contextlib.contextmanager
-def tile_size(block_t=None, block_c=None, window=None, span=None, walk=None):
+def tile_size(block_t=None, block_c=None, window=None, span=None, walk=None, warps=None):
     """Force tile sizes (tests use small tiles so that the look-back runs on small inputs); ``walk``
     makes the look-back ignore published prefixes but tile 0's, so it crosses several windows."""
     old = dict(_OVERRIDE)
     _OVERRIDE.update({k: v for k, v in dict(block_t=block_t, block_c=block_c, window=window, span=span,
-                                            walk=walk).items() if v is not None})
+                                            walk=walk, warps=warps).items() if v is not None})
     try:
         yield
     finally:
@@ -35,6 +37,7 @@ def time_mode(decay) -> int:
     return FRAME if decay == 0 else CUMULATIVE if decay == 1 else EMA
 
 
+@functools.lru_cache(maxsize=None)
 def _num_sms(device) -> int:
     if device is not None and device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
@@ -47,7 +50,7 @@ def choose_tiles(C, T, per_channel, channels_last, device):
     block_c = min(_OVERRIDE.get("block_c", 64 if channels_last else 16), c2) if per_channel else c2
     block_t = max(1, min(triton.next_power_of_2(T), 8192 // block_c, 512))
     block_t = _OVERRIDE.get("block_t", block_t)
-    warps = 8 if block_c * block_t >= 4096 else 4
+    warps = _OVERRIDE.get("warps", 8 if block_c * block_t >= 4096 else 4)
     return block_c, block_t, warps
 
 
@@ -67,7 +70,21 @@ class Plan(NamedTuple):
 
 def tiles_for(x, per_channel) -> list[int]:
     """The launch choices for x, as ints an op can carry: [block_c, block_t, warps, window, span, walk,
-    deterministic]. Forward and backward take the same list, so they always agree on the tiling."""
+    deterministic]. Forward and backward take the same list, so they always agree on the tiling. Eager
+    calls look them up in a cache (the host path of a small call is longer than its kernel)."""
+    if torch.compiler.is_compiling():
+        return _tiles_for(x, per_channel)
+    key = (x.shape, x.stride(), per_channel, x.device, torch.are_deterministic_algorithms_enabled(),
+           tuple(_OVERRIDE.items()))
+    tiles = _TILES.get(key)
+    if tiles is None:
+        if len(_TILES) > 4096:  # many distinct shapes (variable-length streams): start over
+            _TILES.clear()
+        tiles = _TILES[key] = _tiles_for(x, per_channel)
+    return list(tiles)
+
+
+def _tiles_for(x, per_channel) -> list[int]:
     B, C, T = x.shape
     channels_last = x.stride(1) == 1 and x.stride(2) != 1
     bc, bt, warps = choose_tiles(C, T, per_channel, channels_last, x.device)
@@ -81,12 +98,21 @@ def tiles_for(x, per_channel) -> list[int]:
 
 
 def plan(shape, per_channel, decay, tiles) -> Plan:
+    if all(type(v) is int for v in shape):  # not symbolic: cached
+        return _plan_cached(tuple(shape), per_channel, decay, tuple(tiles))
+    return _plan(shape, per_channel, decay, tiles)
+
+
+def _plan(shape, per_channel, decay, tiles) -> Plan:
     B, C, T = shape
     mode = time_mode(decay)
     bc, bt, warps, window, span = tiles[:5]
     nt = triton.cdiv(T, bt)
     return Plan(mode, bc, bt, warps, triton.cdiv(C, bc) if per_channel else 1, bc if per_channel else 1, nt,
                 window, span, triton.cdiv(nt, span), math.log2(decay) if mode == EMA else 0.0)
+
+
+_plan_cached = functools.lru_cache(maxsize=4096)(_plan)
 
 
 def prefix_numel(shape, per_channel, decay, tiles) -> int:
