@@ -4,6 +4,7 @@ hypothesis profiles and small helpers (the float64 oracle, random states, random
 Other test files use these either as fixtures (``rel_err``, ``tol``) or as plain names:
 ``from conftest import rel_err, TOL``.
 """
+import math
 import os
 import shutil
 
@@ -190,3 +191,38 @@ def assert_state_close(out, expected, tol, what="state", floor=False):
     assert out.shape == expected.shape, f"{what}: shape {tuple(out.shape)} vs {tuple(expected.shape)}"
     for field, a, b in zip(normlib.NormState._fields, out, expected):
         assert_rel(a, b, tol, f"{what}.{field}", unit_floor(b) if floor else 0.0)
+
+
+def padding_mask(lengths, layout, B, C, T):
+    """True at the padding frames of a (B, C, T) or (B, T, C) tensor."""
+    pad = torch.arange(T)[None, :] >= lengths.cpu()[:, None]  # (B, T)
+    pad = pad[:, None, :].expand(B, C, T)
+    return pad if layout == "b c t" else pad.transpose(1, 2)
+
+
+class PoisonedTorch:
+    """Stands in for ``torch`` inside the Triton launcher: fresh float buffers (empty, empty_like) come
+    back NaN, so an element a kernel forgets to write fails the comparison."""
+
+    def __init__(self, real):
+        self._real = real
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    @staticmethod
+    def _nan(t):
+        return t.fill_(math.nan) if t.is_floating_point() else t
+
+    def empty_like(self, *args, **kwargs):
+        return self._nan(self._real.empty_like(*args, **kwargs))
+
+    def empty(self, *args, **kwargs):
+        return self._nan(self._real.empty(*args, **kwargs))
+
+
+@pytest.fixture
+def poisoned_buffers(monkeypatch):
+    from normlib.backends.triton import launch
+
+    monkeypatch.setattr(launch, "torch", PoisonedTorch(torch))

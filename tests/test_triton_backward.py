@@ -20,7 +20,7 @@ import torch
 import normlib
 from normlib import backends
 from normlib.backends.triton import launch, tile_size
-from conftest import NORMS, SPECS, TOL, assert_rel, make_affine, make_lengths, make_state, make_x, ref
+from conftest import padding_mask, NORMS, SPECS, TOL, assert_rel, make_affine, make_lengths, make_state, make_x, ref
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 F32, F16 = torch.float32, torch.float16
@@ -40,38 +40,14 @@ GRID_EPS = 0.05  # large enough that eps inside / outside the sqrt change the gr
 GRAD_TOL = {F32: 1e-5, F16: TOL[F16]}
 STATE_GRAD_TOL = {F32: 1e-5, F16: 1e-5}
 
-pytestmark = pytest.mark.skipif(not backends.triton_usable(torch.zeros(1, device=DEVICE)),
-                                reason="the Triton backend needs a GPU or TRITON_INTERPRET=1")
+pytestmark = [pytest.mark.skipif(not backends.triton_usable(torch.zeros(1, device=DEVICE)),
+                                 reason="the Triton backend needs a GPU or TRITON_INTERPRET=1"),
+              pytest.mark.usefixtures("poisoned_buffers")]
 
 
 # ---------------------------------------------------------------------------------------------------
 # Helpers
 # ---------------------------------------------------------------------------------------------------
-class _PoisonedTorch:
-    """Stands in for ``torch`` inside launch.py: fresh float buffers (empty, empty_like) come back NaN."""
-
-    def __init__(self, real):
-        self._real = real
-
-    def __getattr__(self, name):
-        return getattr(self._real, name)
-
-    @staticmethod
-    def _nan(t):
-        return t.fill_(math.nan) if t.is_floating_point() else t
-
-    def empty_like(self, *args, **kwargs):
-        return self._nan(self._real.empty_like(*args, **kwargs))
-
-    def empty(self, *args, **kwargs):
-        return self._nan(self._real.empty(*args, **kwargs))
-
-
-@pytest.fixture(autouse=True)
-def _poison_buffers(monkeypatch):
-    monkeypatch.setattr(launch, "torch", _PoisonedTorch(torch))
-
-
 @pytest.fixture
 def deterministic():
     """torch.use_deterministic_algorithms(True) for the test, the previous setting restored after."""
@@ -92,20 +68,6 @@ def eps_for(name):
     second one nearly so, where eps=1e-8 makes the gradient ill-conditioned (relative error ~1e-4 in
     float32, for the torch backend as well); 1e-3 keeps it well-conditioned."""
     return 1e-3 if SPECS[name].per_channel else 1e-8
-
-
-def tiles_for(name, **kw):
-    """tile_size(...) arguments; block_c only for per-channel norms (pooled norms hold all C channels)."""
-    if not SPECS[name].per_channel:
-        kw.pop("block_c", None)
-    return kw
-
-
-def padding_mask(lengths, layout, B, C, T):
-    """True at the padding frames of a (B, C, T) or (B, T, C) tensor."""
-    pad = torch.arange(T)[None, :] >= lengths.cpu()[:, None]  # (B, T)
-    pad = pad[:, None, :].expand(B, C, T)
-    return pad if layout == "b c t" else pad.transpose(1, 2)
 
 
 def tdim(layout):
@@ -234,7 +196,7 @@ def test_gradient_grid(name, row):
     elif row["tiles"].startswith("span"):
         tiles["span"] = int(row["tiles"][4:])
 
-    with tile_size(**tiles_for(name, **tiles)):
+    with tile_size(**tiles):
         got = gradients(name, x, w, b, GRID_EPS, **kw)
     want = gradients(name, x, w, b, GRID_EPS, oracle=True, **kw)
 
@@ -267,7 +229,7 @@ def test_padding_frames_get_zero_gradient(name, layout):
     gy[pad] = torch.tensor([math.nan, math.inf, -math.inf]).repeat(pad.sum().item())[: pad.sum()]
     kw = dict(gy=gy, gs=gs, layout=layout, lengths=lengths)
 
-    with tile_size(**tiles_for(name, block_t=4, window=2, block_c=8)):
+    with tile_size(block_t=4, window=2, block_c=8):
         got = gradients(name, x, w, b, eps, **kw)
     want = gradients(name, x, w, b, eps, oracle=True, **kw)
 
@@ -334,7 +296,7 @@ def test_chunked_training_equals_whole_sequence(name, layout, sizes, with_length
     lengths = torch.tensor([T, 11]) if with_lengths else None  # 11: inside the third chunk
     gy, gs = cotangents(name, x, B, C, True)
 
-    with tile_size(**tiles_for(name, block_t=4, window=2, block_c=8)):
+    with tile_size(block_t=4, window=2, block_c=8):
         chunked, bounds = chunked_gradients(name, x, w, b, state, sizes, gy, gs, layout, lengths)
         whole = gradients(name, x, w, b, state=state, gy=gy, gs=gs, layout=layout, lengths=lengths)
     want, want_bounds = chunked_gradients(name, x, w, b, state, sizes, gy, gs, layout, lengths, oracle=True)
@@ -367,7 +329,7 @@ def test_state_gradient_across_a_chunk_boundary(name):
     lengths = torch.tensor([13, 6])
     gy, gs = cotangents(name, second, B, C, True)
     kw = dict(state=s, gy=gy, gs=gs, lengths=lengths)
-    with tile_size(**tiles_for(name, block_t=4, window=2, block_c=8, walk=True)):
+    with tile_size(block_t=4, window=2, block_c=8, walk=True):
         got = gradients(name, second, w, b, **kw)
     check_gradients(got, gradients(name, second, w, b, oracle=True, **kw), F32)
 
@@ -400,7 +362,7 @@ def test_deterministic_mode_is_bitwise_repeatable(name, deterministic, monkeypat
     kw = dict(state=state, gy=gy, gs=gs)
     spy = _Spy(launch.running_norm_bwd)
     monkeypatch.setattr(launch, "running_norm_bwd", spy)
-    with tile_size(**tiles_for(name, block_t=4, window=2, block_c=8, span=2)):
+    with tile_size(block_t=4, window=2, block_c=8, span=2):
         first = gradients(name, x, w, b, eps_for(name), **kw)
         second = gradients(name, x, w, b, eps_for(name), **kw)
     assert spy.calls and all(k["DETERMINISTIC"] for k in spy.calls)
@@ -430,7 +392,7 @@ def test_one_affine_parameter(name, affine):
     w, b = (w, None) if affine == "w-only" else (None, b)
     gy, _ = cotangents(name, x, B, C, False)
     kw = dict(gy=gy, layout="b t c", lengths=torch.tensor([T, 9]))
-    with tile_size(**tiles_for(name, block_t=4, window=2, block_c=8)):
+    with tile_size(block_t=4, window=2, block_c=8):
         got = gradients(name, x, w, b, eps_for(name), **kw)
     assert set(got) == {"x", "weight" if w is not None else "bias"}
     check_gradients(got, gradients(name, x, w, b, eps_for(name), oracle=True, **kw), F32)
@@ -468,7 +430,7 @@ def test_only_the_state_requires_grad(name):
     state = make_state(name, B, C, SD)
     gy, gs = cotangents(name, x, B, C, True)
     kw = dict(state=state, gy=gy, gs=gs, lengths=torch.tensor([9, 0]), requires=("state",))
-    with tile_size(**tiles_for(name, block_t=4, window=2, block_c=8)):
+    with tile_size(block_t=4, window=2, block_c=8):
         got = gradients(name, x, w, b, **kw)
     assert set(got) == set(STATE_FIELDS)
     check_gradients(got, gradients(name, x, w, b, oracle=True, **kw), F32)

@@ -10,7 +10,6 @@ Every output buffer the launcher allocates is filled with NaN first (``_poison_b
 the kernel forgets to write fails the comparison.
 """
 import itertools
-import math
 
 import pytest
 import torch
@@ -18,7 +17,7 @@ import torch
 import normlib
 from normlib import backends
 from normlib.backends.triton import launch, tile_size
-from conftest import (DC_OFFSET_TOL, NORMS, SPECS, TOL, assert_rel, assert_state_close, make_affine,
+from conftest import (padding_mask, DC_OFFSET_TOL, NORMS, SPECS, TOL, assert_rel, assert_state_close, make_affine,
                       make_state, make_x, ref, run)
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -32,38 +31,14 @@ SD = normlib.NormState.empty((1,)).dtype  # the states' dtype (the library's con
 STATE_TOL = 1e-5  # states are computed in float32 at least, whatever the input dtype
 GRID_EPS = 0.05  # large enough that eps inside / outside the sqrt differ by far more than the tolerance
 
-pytestmark = pytest.mark.skipif(not backends.triton_usable(torch.zeros(1, device=DEVICE)),
-                                reason="the Triton backend needs a GPU or TRITON_INTERPRET=1")
+pytestmark = [pytest.mark.skipif(not backends.triton_usable(torch.zeros(1, device=DEVICE)),
+                                 reason="the Triton backend needs a GPU or TRITON_INTERPRET=1"),
+              pytest.mark.usefixtures("poisoned_buffers")]
 
 
 # ---------------------------------------------------------------------------------------------------
 # Helpers
 # ---------------------------------------------------------------------------------------------------
-class _PoisonedTorch:
-    """Stands in for ``torch`` inside launch.py: fresh float buffers (empty, empty_like) come back NaN."""
-
-    def __init__(self, real):
-        self._real = real
-
-    def __getattr__(self, name):
-        return getattr(self._real, name)
-
-    @staticmethod
-    def _nan(t):
-        return t.fill_(math.nan) if t.is_floating_point() else t
-
-    def empty_like(self, *args, **kwargs):
-        return self._nan(self._real.empty_like(*args, **kwargs))
-
-    def empty(self, *args, **kwargs):
-        return self._nan(self._real.empty(*args, **kwargs))
-
-
-@pytest.fixture(autouse=True)
-def _poison_buffers(monkeypatch):
-    monkeypatch.setattr(launch, "torch", _PoisonedTorch(torch))
-
-
 def dev(t):
     return None if t is None else t.to(DEVICE)
 
@@ -75,20 +50,6 @@ def dev_state(s):
 def tri(name, x, weight=None, bias=None, eps=1e-8, **kw):
     """The Triton backend through the public functional API."""
     return getattr(normlib.functional, name)(x, weight, bias, eps, backend="triton", **kw)
-
-
-def tiles_for(name, **kw):
-    """tile_size(...) arguments; block_c only for per-channel norms (pooled norms hold all C channels)."""
-    if not SPECS[name].per_channel:
-        kw.pop("block_c", None)
-    return kw
-
-
-def padding_mask(lengths, layout, B, C, T):
-    """True at the padding frames of a (B, C, T) or (B, T, C) output."""
-    pad = torch.arange(T)[None, :] >= lengths.cpu()[:, None]  # (B, T)
-    pad = pad[:, None, :].expand(B, C, T)
-    return pad if layout == "b c t" else pad.transpose(1, 2)
 
 
 def time_cat(chunks, layout):
@@ -172,7 +133,7 @@ def test_flag_grid(name, row):
     if SPECS[name].causal:
         kw.update(state=state, return_state=sout)
 
-    with tile_size(**tiles_for(name, block_t=8, window=2, block_c=4 if row["cblocks"] == "2cb" else 8)):
+    with tile_size(block_t=8, window=2, block_c=4 if row["cblocks"] == "2cb" else 8):
         out = tri(name, dev(x), dev(w), dev(b), GRID_EPS, **dict(kw, lengths=dev(lengths), state=dev_state(state)))
     expected = ref(name, x, w, b, GRID_EPS, **kw)
     y, s = out if sout else (out, None)
@@ -242,7 +203,7 @@ def test_tiles(name, shape, tiles, layout):
     causal = SPECS[name].causal
     if causal:
         kw.update(state=make_state(name, B, C, SD), return_state=True)
-    with tile_size(**tiles_for(name, **tiles)):
+    with tile_size(**tiles):
         out = tri(name, dev(x), dev(w), dev(b), **dict(kw, lengths=dev(lengths), state=dev_state(kw.get("state"))))
     expected = ref(name, x, w, b, **kw)
     y, s = out if causal else (out, None)
@@ -342,7 +303,7 @@ def test_dc_offset(name, offset):
     B, C, T = 2, 5, 37
     x = make_x(B, C, T, "b c t", F32, offset=offset)
     lengths = torch.tensor([T, 23])
-    with tile_size(**tiles_for(name, block_t=16, window=2, block_c=4, span=2)):
+    with tile_size(block_t=16, window=2, block_c=4, span=2):
         y = tri(name, dev(x), lengths=dev(lengths))
     assert torch.isfinite(y).all()
     assert_rel(y, ref(name, x, lengths=lengths), DC_OFFSET_TOL[offset], f"offset {offset:g}")
@@ -431,7 +392,7 @@ def test_gradients_match_torch_backend(name, layout):
         got = torch.autograd.grad(loss, inputs, allow_unused=True)
         return [torch.zeros_like(t) if gt is None else gt for t, gt in zip(inputs, got)]
 
-    with tile_size(**tiles_for(name, block_t=8, window=2, block_c=4, walk=layout == "b t c")):
+    with tile_size(block_t=8, window=2, block_c=4, walk=layout == "b t c"):
         got = grads("triton")
     want = grads("torch")
     for what, a, e in zip(["x", "weight", "bias", "state.w", "state.m", "state.m2"], got, want):
@@ -541,7 +502,7 @@ def test_non_contiguous_inputs(name, view):
     else:
         layout, x = "b t c", make_x(B, C, T, "b c t").transpose(1, 2)
     assert not x.is_contiguous()
-    with tile_size(**tiles_for(name, block_t=8, window=2, block_c=4)):
+    with tile_size(block_t=8, window=2, block_c=4):
         y = tri(name, dev(x), layout=layout)
     check_output(y, dev(x), ref(name, x, layout=layout), F32, view)
 
@@ -603,7 +564,7 @@ def test_repeatable(name):
     by then, so the rounding (not the result) may differ from run to run; the interpreter runs programs in
     order, so there it is bitwise the same."""
     x = dev(make_x(1, 5, 37))
-    with tile_size(**tiles_for(name, block_t=8, window=2, block_c=4, span=2)):
+    with tile_size(block_t=8, window=2, block_c=4, span=2):
         a, b = tri(name, x), tri(name, x)
     if x.is_cuda:
         assert_rel(a, b, 1e-6, "run to run")

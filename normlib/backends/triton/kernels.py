@@ -227,15 +227,67 @@ def _state_index(b64, offs_c, m_c, B, C, POOL_ALL: tl.constexpr, SC: tl.constexp
 
 
 @triton.jit
-def _shift(x_ptr, b64, sxb, sxc, offs_c, m_c, C, length, POOL_ALL: tl.constexpr):
+def _shift(x_ptr, b64, sxb, sxc, offs_c, C, CL, length, BLOCK_C: tl.constexpr, POOL_ALL: tl.constexpr):
     """K, [SC, 1]: frame 0's mean (pooled) or value (per channel), 0 if frame 0 is padding. States are
     shifted by it in float64."""
-    ok = m_c[:, None] & (tl.zeros([1, 1], tl.int32) < length)
-    x0 = tl.load(x_ptr + b64 * sxb + offs_c.to(tl.int64)[:, None] * sxc, mask=ok, other=0.0)
-    K = _group_sum(x0.to(tl.float32), POOL_ALL)
+    K = tl.zeros([BLOCK_C, 1], tl.float32)
+    for c0 in range(0, CL, BLOCK_C):  # pooled: every chunk of channels; per channel: this block
+        ok = ((offs_c + c0) < C)[:, None] & (tl.zeros([1, 1], tl.int32) < length)
+        K += tl.load(x_ptr + b64 * sxb + (offs_c + c0).to(tl.int64)[:, None] * sxc, mask=ok, other=0.0).to(tl.float32)
+    K = _group_sum(K, POOL_ALL)
     if POOL_ALL:
         K = K / C
     return K
+
+
+@triton.jit
+def _load(p, sxc, c0, offs_c, C, m_t, K):
+    """Channels c0 + offs_c of a tile as float32 minus K, 0 outside the mask: (values, mask). ``p`` holds
+    the [1, BLOCK_T] addresses of channel 0."""
+    msk = ((offs_c + c0) < C)[:, None] & m_t[None, :]
+    v = tl.load(p + (offs_c + c0).to(tl.int64)[:, None] * sxc, mask=msk, other=0.0).to(tl.float32)
+    return tl.where(msk, v - K, 0.0), msk
+
+
+@triton.jit
+def _store(p, syc, v, c0, offs_c, C, in_t):
+    """Write channels c0 + offs_c of a tile; ``p`` holds the [1, BLOCK_T] addresses of channel 0."""
+    msk = ((offs_c + c0) < C)[:, None] & in_t[None, :]
+    tl.store(p + (offs_c + c0).to(tl.int64)[:, None] * syc, v.to(p.dtype.element_ty), mask=msk)
+
+
+@triton.jit
+def _write_y(py, syc, xk, msk, mean, r, c0, offs_c, C, in_t, w_ptr, b_ptr, HAS_W: tl.constexpr,
+             HAS_B: tl.constexpr):
+    """y = (x - mean) * rstd (* weight + bias) for channels c0 + offs_c; padding frames get 0."""
+    y = (xk - mean) * r
+    if HAS_W:
+        y = y * tl.load(w_ptr + c0 + offs_c, mask=(c0 + offs_c) < C, other=1.0).to(tl.float32)[:, None]
+    if HAS_B:
+        y = y + tl.load(b_ptr + c0 + offs_c, mask=(c0 + offs_c) < C, other=0.0).to(tl.float32)[:, None]
+    _store(py, syc, tl.where(msk, y, 0.0), c0, offs_c, C, in_t)
+
+
+@triton.jit
+def _gamma(w_ptr, c0, offs_c, C, HAS_W: tl.constexpr):
+    """The affine weight of channels c0 + offs_c (1 without one)."""
+    if HAS_W:
+        return tl.load(w_ptr + c0 + offs_c, mask=(c0 + offs_c) < C, other=0.0).to(tl.float32)
+    else:
+        return tl.full(offs_c.shape, 1.0, tl.float32)
+
+
+@triton.jit
+def _write_gx(pgx, sdc, xk, msk, gy, mean, r, U, V, c0, offs_c, C, in_t, w_ptr, gwp_ptr, gbp_ptr, pgw,
+              HAS_W: tl.constexpr, STORE_GW: tl.constexpr):
+    """dL/dx of channels c0 + offs_c (0 at padding) and their per-tile dweight, dbias partials."""
+    g = gy * _gamma(w_ptr, c0, offs_c, C, HAS_W)[:, None]
+    _store(pgx, sdc, tl.where(msk, g * r + U + xk * V, 0.0), c0, offs_c, C, in_t)
+    if STORE_GW:
+        xhat = tl.where(msk, (xk - mean) * r, 0.0)
+        m_c = (c0 + offs_c) < C
+        tl.store(gwp_ptr + pgw + c0, tl.sum(gy * xhat, axis=1), mask=m_c)
+        tl.store(gbp_ptr + pgw + c0, tl.sum(gy, axis=1), mask=m_c)
 
 
 @triton.jit
@@ -272,7 +324,8 @@ def _rstd(var, eps, EPS_OUTSIDE: tl.constexpr):
 def _tile(ctr_ptr, x_ptr, len_ptr, sxb, sxc, B, C, T, NCB, NT, MODE: tl.constexpr, POOL_ALL: tl.constexpr,
           HAS_LEN: tl.constexpr, BLOCK_C: tl.constexpr, SC: tl.constexpr, REVERSE: tl.constexpr):
     """Which tile this program owns and what every tile needs first: (it, vt, seq, tag, b64, offs_c, m_c,
-    offs_s, length, s_off, s_ok, NS, K, px0). Look-back modes take tile-major tickets (tile i of every
+    offs_s, length, s_off, s_ok, NS, K, CL). A pooled tile spans all C channels and is visited in chunks of
+    BLOCK_C, c0 in range(0, CL, BLOCK_C); a per-channel tile is one chunk (CL = BLOCK_C). Look-back modes take tile-major tickets (tile i of every
     sequence before tile i + 1 of any; REVERSE hands them out from the end, vt counting from there);
     other modes a 1D grid in the same order (a second grid dim stops at 65535)."""
     tag = 0
@@ -292,9 +345,11 @@ def _tile(ctr_ptr, x_ptr, len_ptr, sxb, sxc, B, C, T, NCB, NT, MODE: tl.constexp
     if HAS_LEN:
         length = tl.load(len_ptr + b64).to(tl.int32)
     s_off, s_ok, NS = _state_index(b64, offs_c, m_c, B, C, POOL_ALL, SC)
-    K = _shift(x_ptr, b64, sxb, sxc, offs_c, m_c, C, length, POOL_ALL)
-    px0 = x_ptr + b64 * sxb + offs_c.to(tl.int64)[:, None] * sxc
-    return it, vt, seq, tag, b64, offs_c, m_c, tl.arange(0, SC), length, s_off, s_ok, NS, K, px0
+    CL = BLOCK_C
+    if POOL_ALL:
+        CL = C
+    K = _shift(x_ptr, b64, sxb, sxc, offs_c, C, CL, length, BLOCK_C, POOL_ALL)
+    return it, vt, seq, tag, b64, offs_c, m_c, tl.arange(0, SC), length, s_off, s_ok, NS, K, CL
 
 
 @triton.jit
@@ -319,8 +374,9 @@ def running_norm_fwd(
     DETERMINISTIC: tl.constexpr = False, AGG_ONLY: tl.constexpr = False,
 ):
     SC: tl.constexpr = 1 if POOL_ALL else BLOCK_C  # statistics per frame: one, or one per channel
-    it, _vt, seq, tag, b64, offs_c, m_c, offs_s, length, s_off, s_ok, NS, K, px0 = _tile(
+    it, _vt, seq, tag, b64, offs_c, m_c, offs_s, length, s_off, s_ok, NS, K, CL = _tile(
         ctr_ptr, x_ptr, len_ptr, sxb, sxc, B, C, T, NCB, NT, MODE, POOL_ALL, HAS_LEN, BLOCK_C, SC, False)
+    xb = x_ptr + b64 * sxb
 
     if PHASE == 1:  # GLOBAL, first launch: one summary per span of SPAN tiles
         gw = tl.zeros([SC], dtype=tl.float32)
@@ -328,25 +384,26 @@ def running_norm_fwd(
         gq = tl.zeros([SC], dtype=tl.float32)
         for k in range(SPAN):
             offs_t = (it * SPAN + k) * BLOCK_T + tl.arange(0, BLOCK_T)
-            msk = m_c[:, None] & ((offs_t < T) & (offs_t < length))[None, :]
-            xk = tl.load(px0 + offs_t.to(tl.int64)[None, :] * sxt, mask=msk, other=0.0).to(tl.float32)
-            xk = tl.where(msk, xk - K, 0.0)
-            n = _tile_sum(msk.to(tl.float32), POOL_ALL)
-            mk = _tile_sum(xk, POOL_ALL) / tl.where(n > 0, n, 1.0)
-            dev = tl.where(msk, xk - mk[:, None], 0.0)
-            gw, gm, gq, _d = merge(gw, gm, gq, 1.0, n, mk, _tile_sum(dev * dev, POOL_ALL), 1.0)
+            m_t = (offs_t < T) & (offs_t < length)
+            for c0 in range(0, CL, BLOCK_C):
+                xk, msk = _load(xb + offs_t.to(tl.int64)[None, :] * sxt, sxc, c0, offs_c, C, m_t, K)
+                n = _tile_sum(msk.to(tl.float32), POOL_ALL)
+                mk = _tile_sum(xk, POOL_ALL) / tl.where(n > 0, n, 1.0)
+                dev = tl.where(msk, xk - mk[:, None], 0.0)
+                gw, gm, gq, _d = merge(gw, gm, gq, 1.0, n, mk, _tile_sum(dev * dev, POOL_ALL), 1.0)
         rec = (seq.to(tl.int64) * NSPAN + it) * (3 * SC)
         tl.store(ws_ptr + rec + 0 * SC + offs_s, gw)
         tl.store(ws_ptr + rec + 1 * SC + offs_s, gm)
         tl.store(ws_ptr + rec + 2 * SC + offs_s, gq)
         return
 
-    # ---- load the tile and compute its frames' statistics
+    # ---- load the tile (pooled: its first chunk of channels, kept in registers; the others are merged
+    # into the frames' statistics here and read again, from L2, to be written)
     t0 = it * BLOCK_T
     offs_t = t0 + tl.arange(0, BLOCK_T)
-    msk = m_c[:, None] & ((offs_t < T) & (offs_t < length))[None, :]
-    xk = tl.load(px0 + offs_t.to(tl.int64)[None, :] * sxt, mask=msk, other=0.0).to(tl.float32)
-    xk = tl.where(msk, xk - K, 0.0)  # [BLOCK_C, BLOCK_T]
+    m_t = (offs_t < T) & (offs_t < length)
+    px = xb + offs_t.to(tl.int64)[None, :] * sxt
+    xk, msk = _load(px, sxc, 0, offs_c, C, m_t, K)  # [BLOCK_C, BLOCK_T]
     ppre = pre_ptr + (seq.to(tl.int64) * NT + it) * (3 * SC) + offs_s
 
     if MODE == 3:  # GLOBAL, second launch: reduce the span summaries of this sequence
@@ -360,6 +417,10 @@ def running_norm_fwd(
         var = (mq / tl.where(mw > 0, mw, 1.0))[:, None] + tl.zeros([SC, BLOCK_T], tl.float32)
     else:
         sw, sm, sq = _frame_stats(xk, msk, POOL_ALL)
+        for c0 in range(BLOCK_C, CL, BLOCK_C):
+            xc, mc = _load(px, sxc, c0, offs_c, C, m_t, K)
+            cw, cm, cq = _frame_stats(xc, mc, POOL_ALL)
+            sw, sm, sq, _d = merge(sw, sm, sq, 1.0, cw, cm, cq, 1.0)
         if MODE != 0:
             # inclusive scan inside the tile, then the prefix: the incoming state (tile 0) or look-back
             fd = tl.exp2(log2d) + tl.zeros([SC, BLOCK_T], tl.float32)
@@ -390,15 +451,14 @@ def running_norm_fwd(
         mean = sm
         var = sq / tl.where(sw > 0, sw, 1.0)
 
-    # ---- normalize the tile in registers and write it once
-    y = (xk - mean) * _rstd(var, eps, EPS_OUTSIDE)
-    if HAS_W:
-        y = y * tl.load(w_ptr + offs_c, mask=m_c, other=1.0).to(tl.float32)[:, None]
-    if HAS_B:
-        y = y + tl.load(b_ptr + offs_c, mask=m_c, other=0.0).to(tl.float32)[:, None]
-    y = tl.where(msk, y, 0.0)
-    py = y_ptr + b64 * syb + offs_c.to(tl.int64)[:, None] * syc + offs_t.to(tl.int64)[None, :] * syt
-    tl.store(py, y.to(y_ptr.dtype.element_ty), mask=m_c[:, None] & (offs_t < T)[None, :])
+    # ---- normalize each chunk and write it once
+    r = _rstd(var, eps, EPS_OUTSIDE)
+    py = y_ptr + b64 * syb + offs_t.to(tl.int64)[None, :] * syt
+    in_t = offs_t < T  # padding frames are written as 0
+    _write_y(py, syc, xk, msk, mean, r, 0, offs_c, C, in_t, w_ptr, b_ptr, HAS_W, HAS_B)
+    for c0 in range(BLOCK_C, CL, BLOCK_C):
+        xc, mc = _load(px, sxc, c0, offs_c, C, m_t, K)
+        _write_y(py, syc, xc, mc, mean, r, c0, offs_c, C, in_t, w_ptr, b_ptr, HAS_W, HAS_B)
 
     if STORE_SOUT:  # the state after frame length - 1, written by the tile that holds that frame
         at = (offs_t == length - 1)[None, :]
@@ -434,12 +494,10 @@ def running_norm_bwd(
     DETERMINISTIC: tl.constexpr = False, AGG_ONLY: tl.constexpr = False,
 ):
     SC: tl.constexpr = 1 if POOL_ALL else BLOCK_C
-    it, vt, seq, tag, b64, offs_c, m_c, offs_s, length, s_off, s_ok, NS, K, px0 = _tile(
+    it, vt, seq, tag, b64, offs_c, m_c, offs_s, length, s_off, s_ok, NS, K, CL = _tile(
         ctr_ptr, x_ptr, len_ptr, sxb, sxc, B, C, T, NCB, NT, MODE, POOL_ALL, HAS_LEN, BLOCK_C, SC, True)
-    pg0 = gy_ptr + b64 * sgb + offs_c.to(tl.int64)[:, None] * sgc
-    gamma = tl.full([BLOCK_C], 1.0, tl.float32)
-    if HAS_W:
-        gamma = tl.load(w_ptr + offs_c, mask=m_c, other=0.0).to(tl.float32)
+    xb = x_ptr + b64 * sxb
+    gyb = gy_ptr + b64 * sgb
     ppre = pre_ptr + seq.to(tl.int64) * NT * (3 * SC) + offs_s
 
     if MODE == 3:  # GLOBAL: the sequence's statistics, saved by the forward at tile 0
@@ -452,38 +510,57 @@ def running_norm_bwd(
             sb = tl.zeros([SC], dtype=tl.float32)
             for k in range(SPAN):
                 offs_t = (it * SPAN + k) * BLOCK_T + tl.arange(0, BLOCK_T)
-                msk = m_c[:, None] & ((offs_t < T) & (offs_t < length))[None, :]
-                xk = tl.load(px0 + offs_t.to(tl.int64)[None, :] * sxt, mask=msk, other=0.0).to(tl.float32)
-                g = tl.load(pg0 + offs_t.to(tl.int64)[None, :] * sgt, mask=msk, other=0.0).to(tl.float32)
-                g = tl.where(msk, g * gamma[:, None], 0.0)
-                xhat = tl.where(msk, (xk - K - mean1[:, None]) * r1[:, None], 0.0)
-                sa += _tile_sum(g, POOL_ALL)
-                sb += _tile_sum(g * xhat, POOL_ALL)
+                m_t = (offs_t < T) & (offs_t < length)
+                for c0 in range(0, CL, BLOCK_C):
+                    xk, msk = _load(xb + offs_t.to(tl.int64)[None, :] * sxt, sxc, c0, offs_c, C, m_t, K)
+                    g, _m = _load(gyb + offs_t.to(tl.int64)[None, :] * sgt, sgc, c0, offs_c, C, m_t, 0.0)
+                    g = g * _gamma(w_ptr, c0, offs_c, C, HAS_W)[:, None]
+                    xhat = tl.where(msk, (xk - mean1[:, None]) * r1[:, None], 0.0)
+                    sa += _tile_sum(g, POOL_ALL)
+                    sb += _tile_sum(g * xhat, POOL_ALL)
             rec = (seq.to(tl.int64) * NSPAN + it) * (3 * SC)
             tl.store(ws_ptr + rec + offs_s, sa)
             tl.store(ws_ptr + rec + SC + offs_s, sb)
             tl.store(ws_ptr + rec + 2 * SC + offs_s, tl.zeros([SC], tl.float32))
             return
 
+    # ---- load the tile's first chunk of channels (kept in registers; pooled tiles read the others twice)
     t0 = it * BLOCK_T
     offs_t = t0 + tl.arange(0, BLOCK_T)
     m_t = (offs_t < T) & (offs_t < length)
-    msk = m_c[:, None] & m_t[None, :]
-    xk = tl.load(px0 + offs_t.to(tl.int64)[None, :] * sxt, mask=msk, other=0.0).to(tl.float32)
-    xk = tl.where(msk, xk - K, 0.0)
-    gy = tl.load(pg0 + offs_t.to(tl.int64)[None, :] * sgt, mask=msk, other=0.0).to(tl.float32)
-    gy = tl.where(msk, gy, 0.0)
-    g = gy * gamma[:, None]  # dL/dxhat
+    px = xb + offs_t.to(tl.int64)[None, :] * sxt
+    pg = gyb + offs_t.to(tl.int64)[None, :] * sgt
+    xk, msk = _load(px, sxc, 0, offs_c, C, m_t, K)
+    gy, _m = _load(pg, sgc, 0, offs_c, C, m_t, 0.0)
     at = (offs_t == length - 1)[None, :]  # the frame of the outgoing state
     d1 = tl.exp2(log2d)
 
-    # ---- recompute the statistics of each frame, [SC, BLOCK_T]
+    # ---- each frame's statistics, A = sum(g) and G = sum(g (x - m_f)) (a co-moment, merged like M2)
     if MODE == 3:
         mean = mean1[:, None] + tl.zeros([SC, BLOCK_T], tl.float32)
         var = var1[:, None] + tl.zeros([SC, BLOCK_T], tl.float32)
         sw = gw_[:, None] + tl.zeros([SC, BLOCK_T], tl.float32)
+        r = _rstd(var, eps, EPS_OUTSIDE)
+        ta, tb, _ = _span_reduce(ws_ptr, seq.to(tl.int64) * NSPAN * (3 * SC), NSPAN, offs_s, SC, WINDOW, True)
+        A = ta[:, None] + tl.zeros([SC, BLOCK_T], tl.float32)
+        Bt = tb[:, None] + tl.zeros([SC, BLOCK_T], tl.float32)
     else:
+        g = gy * _gamma(w_ptr, 0, offs_c, C, HAS_W)[:, None]  # dL/dxhat
         sw, sm, sq = _frame_stats(xk, msk, POOL_ALL)
+        A = _group_sum(g, POOL_ALL)
+        G = _group_sum(g * tl.where(msk, xk - sm, 0.0), POOL_ALL)
+        for c0 in range(BLOCK_C, CL, BLOCK_C):
+            xc, mc = _load(px, sxc, c0, offs_c, C, m_t, K)
+            gc, _m = _load(pg, sgc, c0, offs_c, C, m_t, 0.0)
+            gc = gc * _gamma(w_ptr, c0, offs_c, C, HAS_W)[:, None]
+            cw, cm, cq = _frame_stats(xc, mc, POOL_ALL)
+            ca = _group_sum(gc, POOL_ALL)
+            cg = _group_sum(gc * tl.where(mc, xc - cm, 0.0), POOL_ALL)
+            nw, nm, nq, _d = merge(sw, sm, sq, 1.0, cw, cm, cq, 1.0)
+            G = G + cg + (sm - nm) * A + (cm - nm) * ca
+            A = A + ca
+            sw, sm, sq = nw, nm, nq
+        fm = sm  # each frame's own mean
         if MODE != 0:
             sw, sm, sq, sd = _scan(sw, sm, sq, d1 + tl.zeros([SC, BLOCK_T], tl.float32), BLOCK_T, SC, 1,
                                    False, False)
@@ -492,21 +569,10 @@ def running_norm_bwd(
             sw, sm, sq, _ = merge(pw[:, None], pm[:, None], pq[:, None], 1.0, sw, sm, sq, sd)
         mean = sm
         var = sq / tl.where(sw > 0, sw, 1.0)
-    r = _rstd(var, eps, EPS_OUTSIDE)
-    xhat = tl.where(msk, (xk - mean) * r, 0.0)
-
-    if STORE_GW:  # per-tile partials of dweight and dbias, reduced on the host in a fixed order
-        pgw = (b64 * NT + it) * C + offs_c
-        tl.store(gwp_ptr + pgw, tl.sum(gy * xhat, axis=1), mask=m_c)
-        tl.store(gbp_ptr + pgw, tl.sum(gy, axis=1), mask=m_c)
+        r = _rstd(var, eps, EPS_OUTSIDE)
+        Bt = r * (G + (fm - mean) * A)  # sum over the frame's channels of g * xhat
 
     # ---- dL/dmu_t and dL/dvar_t of each frame's statistics
-    A = _group_sum(g, POOL_ALL)
-    Bt = _group_sum(g * xhat, POOL_ALL)
-    if MODE == 3:  # GLOBAL: the sums over the whole sequence, from the span sums
-        ta, tb, _ = _span_reduce(ws_ptr, seq.to(tl.int64) * NSPAN * (3 * SC), NSPAN, offs_s, SC, WINDOW, True)
-        A = ta[:, None] + tl.zeros([SC, BLOCK_T], tl.float32)
-        Bt = tb[:, None] + tl.zeros([SC, BLOCK_T], tl.float32)
     dmu = -r * A
     if EPS_OUTSIDE:
         dvar = -0.5 * Bt * r / tl.sqrt(tl.maximum(var, 1.1754944e-38))
@@ -551,9 +617,17 @@ def running_norm_bwd(
         _publish(prec, iu, iv, iz, tag, 1, SC)
         U, V, Z, _ = lin(eu[:, None], ev[:, None], ez[:, None], 1.0, U, V, Z, sd)
 
-    gx = tl.where(msk, g * r + U + xk * V, 0.0)
-    pgx = gx_ptr + b64 * sdb + offs_c.to(tl.int64)[:, None] * sdc + offs_t.to(tl.int64)[None, :] * sdt
-    tl.store(pgx, gx.to(gx_ptr.dtype.element_ty), mask=m_c[:, None] & (offs_t < T)[None, :])
+    # ---- dL/dx = g r + U + x V for each chunk, and the per-tile partials of dweight and dbias
+    pgx = gx_ptr + b64 * sdb + offs_t.to(tl.int64)[None, :] * sdt
+    pgw = (b64 * NT + it) * C + offs_c
+    in_t = offs_t < T
+    _write_gx(pgx, sdc, xk, msk, gy, mean, r, U, V, 0, offs_c, C, in_t, w_ptr, gwp_ptr, gbp_ptr, pgw, HAS_W,
+              STORE_GW)
+    for c0 in range(BLOCK_C, CL, BLOCK_C):
+        xc, mc = _load(px, sxc, c0, offs_c, C, m_t, K)
+        gc, _m = _load(pg, sgc, c0, offs_c, C, m_t, 0.0)
+        _write_gx(pgx, sdc, xc, mc, gc, mean, r, U, V, c0, offs_c, C, in_t, w_ptr, gwp_ptr, gbp_ptr, pgw,
+                  HAS_W, STORE_GW)
 
     if HAS_SIN and (MODE == 1 or MODE == 2):  # the incoming state is frame -1 of weight d^(t+1)
         if it == 0:

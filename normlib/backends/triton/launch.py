@@ -44,13 +44,23 @@ def _num_sms(device) -> int:
     return 4
 
 
-def choose_tiles(C, T, per_channel, channels_last, device):
-    """(BLOCK_C, BLOCK_T, num_warps): about 8K elements per tile, all channels when pooled."""
-    c2 = triton.next_power_of_2(C)
-    block_c = min(_OVERRIDE.get("block_c", 64 if channels_last else 16), c2) if per_channel else c2
-    block_t = max(1, min(triton.next_power_of_2(T), 8192 // block_c, 512))
+def choose_tiles(C, T, per_channel, channels_last, device, itemsize=4):
+    """(BLOCK_C, BLOCK_T, num_warps). Rows of at least 128 bytes along the contiguous dim; a pooled tile
+    spans all channels and is visited in chunks of BLOCK_C, so its registers do not grow with C."""
+    c2, t2 = triton.next_power_of_2(C), triton.next_power_of_2(T)
+    row = 128 // itemsize  # elements in 128 bytes
+    if per_channel:
+        block_c = min(_OVERRIDE.get("block_c", 64 if channels_last else 16), c2)
+        block_t = max(1, min(t2, 8192 // block_c, 512))
+    elif channels_last:
+        block_c = min(c2, 4 * row)
+        block_t = max(1, min(t2, 4096 // block_c, 64))
+    else:
+        block_t = max(1, min(t2, row))
+        block_c = min(c2, max(1, 4096 // block_t))
+    block_c = _OVERRIDE.get("block_c", block_c)
     block_t = _OVERRIDE.get("block_t", block_t)
-    warps = _OVERRIDE.get("warps", 8 if block_c * block_t >= 4096 else 4)
+    warps = _OVERRIDE.get("warps", 8 if block_c * block_t >= 8192 else 4)
     return block_c, block_t, warps
 
 
@@ -87,7 +97,7 @@ def tiles_for(x, per_channel) -> list[int]:
 def _tiles_for(x, per_channel) -> list[int]:
     B, C, T = x.shape
     channels_last = x.stride(1) == 1 and x.stride(2) != 1
-    bc, bt, warps = choose_tiles(C, T, per_channel, channels_last, x.device)
+    bc, bt, warps = choose_tiles(C, T, per_channel, channels_last, x.device, x.element_size())
     ncb = triton.cdiv(C, bc) if per_channel else 1
     window = _OVERRIDE.get("window", 8 if per_channel else 32)
     want = max(1, 4 * _num_sms(x.device) // max(1, B * ncb))
