@@ -45,23 +45,20 @@ def _num_sms(device) -> int:
 
 
 def choose_tiles(C, T, per_channel, channels_last, device, itemsize=4):
-    """(BLOCK_C, BLOCK_T, num_warps). Rows of at least 128 bytes along the contiguous dim; a pooled tile
-    spans all channels and is visited in chunks of BLOCK_C, so its registers do not grow with C."""
+    """(BLOCK_C, BLOCK_T, num_warps), from the H200 sweeps (benchmarks/sweep.py, RESULTS.md): rows of at
+    least 128 bytes along the contiguous dim, 4 warps. A pooled tile spans all channels and is visited in
+    chunks of BLOCK_C, so its registers do not grow with C."""
     c2, t2 = triton.next_power_of_2(C), triton.next_power_of_2(T)
-    row = 128 // itemsize  # elements in 128 bytes
     if per_channel:
-        block_c = min(_OVERRIDE.get("block_c", 64 if channels_last else 16), c2)
-        block_t = max(1, min(t2, 8192 // block_c, 512))
+        block_c = min(32 if channels_last else 16, c2)
+        block_t = max(1, min(t2, 64 if channels_last else 128))
     elif channels_last:
-        block_c = min(c2, 4 * row)
-        block_t = max(1, min(t2, 4096 // block_c, 64))
+        block_c, block_t = min(c2, 128), min(t2, 32)
     else:
-        block_t = max(1, min(t2, row))
-        block_c = min(c2, max(1, 4096 // block_t))
+        block_c, block_t = min(c2, 128), min(t2, 64)
     block_c = _OVERRIDE.get("block_c", block_c)
     block_t = _OVERRIDE.get("block_t", block_t)
-    warps = _OVERRIDE.get("warps", 8 if block_c * block_t >= 8192 else 4)
-    return block_c, block_t, warps
+    return block_c, block_t, _OVERRIDE.get("warps", 4)
 
 
 class Plan(NamedTuple):
@@ -99,7 +96,11 @@ def _tiles_for(x, per_channel) -> list[int]:
     channels_last = x.stride(1) == 1 and x.stride(2) != 1
     bc, bt, warps = choose_tiles(C, T, per_channel, channels_last, x.device, x.element_size())
     ncb = triton.cdiv(C, bc) if per_channel else 1
-    window = _OVERRIDE.get("window", 8 if per_channel else 32)
+    # A look-back reads [window, statistics per frame] records. Triton copies a tensor smaller than the
+    # program's threads into several warps, and a volatile load may see different words in each copy; a
+    # reduction across warps then mixes copies. Pooled records (1 per frame) fit in one warp, which stays
+    # consistent with itself; per-channel records get enough rows for every thread to own its own words.
+    window = _OVERRIDE.get("window", 32 if not per_channel else max(8, 64 * warps // bc))
     want = max(1, 4 * _num_sms(x.device) // max(1, B * ncb))
     span = _OVERRIDE.get("span", max(1, triton.cdiv(triton.cdiv(T, bt), want)))
     deterministic = torch.are_deterministic_algorithms_enabled()
