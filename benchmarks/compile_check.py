@@ -30,7 +30,7 @@ def configs():
     seen = set()
     for (B, C, T), last, pc, mode, dt, full in itertools.product(
             SHAPES, (False, True), (False, True), (0, 1, 2, 3), ("fp32", "bf16"), (False, True)):
-        bc, bt, warps = launch.choose_tiles(C, T, pc, last, None, 2 if dt == "bf16" else 4)
+        bc, bt, warps = launch.choose_tiles(C, T, pc, last, None)
         st = dict(b=C * T, c=1 if last else T, t=C if last else 1)
         ints = dict(**{f"s{a}{k}": v for a in "xygd" for k, v in st.items()}, B=B, C=C, T=T, NCB=triton.cdiv(C, bc) if pc else 1,
                     NT=triton.cdiv(T, bt), NSPAN=3)
@@ -38,7 +38,7 @@ def configs():
         for phase in ((1, 2) if mode == 3 else (0,)):
             common = dict(POOL_ALL=not pc, MODE=mode, PHASE=phase, HAS_W=full, HAS_LEN=full,
                           HAS_SIN=full and causal and mode != 0, EPS_OUTSIDE=full, BLOCK_C=bc, BLOCK_T=bt,
-                          SPAN=2, WINDOW=32 if not pc else 8, DETERMINISTIC=full, AGG_ONLY=False)
+                          SPAN=2, WINDOW=launch.window_for(pc, bc, warps), DETERMINISTIC=full, AGG_ONLY=False)
             for kernel, const in (
                     (running_norm_fwd, dict(common, HAS_B=full, STORE_SOUT=full and causal, STORE_PREFIX=full)),
                     (running_norm_bwd, dict(common, HAS_GSOUT=full and causal, STORE_GW=full))):

@@ -44,14 +44,14 @@ def _num_sms(device) -> int:
     return 4
 
 
-def choose_tiles(C, T, per_channel, channels_last, device, itemsize=4):
+def choose_tiles(C, T, per_channel, channels_last, device):
     """(BLOCK_C, BLOCK_T, num_warps), from the H200 sweeps (benchmarks/sweep.py, RESULTS.md): rows of at
-    least 128 bytes along the contiguous dim, 4 warps. A pooled tile spans all channels and is visited in
+    128 bytes or more along the contiguous dim, 4 warps. A pooled tile spans all channels and is visited in
     chunks of BLOCK_C, so its registers do not grow with C."""
-    c2, t2 = triton.next_power_of_2(C), triton.next_power_of_2(T)
+    c2, t2 = triton.next_power_of_2(max(C, 1)), triton.next_power_of_2(max(T, 1))
     if per_channel:
         block_c = min(32 if channels_last else 16, c2)
-        block_t = max(1, min(t2, 64 if channels_last else 128))
+        block_t = min(t2, 64 if channels_last else 128)
     elif channels_last:
         block_c, block_t = min(c2, 128), min(t2, 32)
     else:
@@ -59,6 +59,15 @@ def choose_tiles(C, T, per_channel, channels_last, device, itemsize=4):
     block_c = _OVERRIDE.get("block_c", block_c)
     block_t = _OVERRIDE.get("block_t", block_t)
     return block_c, block_t, _OVERRIDE.get("warps", 4)
+
+
+def window_for(per_channel, block_c, warps) -> int:
+    """Look-back window (records read per poll). A poll loads [window, statistics per frame] words;
+    Triton copies a tensor smaller than the program's threads into several warps, a volatile load may see
+    different words in each copy, and a reduction across warps then mixes copies (a race seen on the H200
+    with [8, 16] records and 8 warps). Pooled records (1 per frame, 32 rows) stay inside one warp, which
+    is consistent with itself; per-channel records get rows enough that no thread holds another's copy."""
+    return max(8, 64 * warps // block_c) if per_channel else 32
 
 
 class Plan(NamedTuple):
@@ -94,13 +103,9 @@ def tiles_for(x, per_channel) -> list[int]:
 def _tiles_for(x, per_channel) -> list[int]:
     B, C, T = x.shape
     channels_last = x.stride(1) == 1 and x.stride(2) != 1
-    bc, bt, warps = choose_tiles(C, T, per_channel, channels_last, x.device, x.element_size())
+    bc, bt, warps = choose_tiles(C, T, per_channel, channels_last, x.device)
     ncb = triton.cdiv(C, bc) if per_channel else 1
-    # A look-back reads [window, statistics per frame] records. Triton copies a tensor smaller than the
-    # program's threads into several warps, and a volatile load may see different words in each copy; a
-    # reduction across warps then mixes copies. Pooled records (1 per frame) fit in one warp, which stays
-    # consistent with itself; per-channel records get enough rows for every thread to own its own words.
-    window = _OVERRIDE.get("window", 32 if not per_channel else max(8, 64 * warps // bc))
+    window = _OVERRIDE.get("window", window_for(per_channel, bc, warps))
     want = max(1, 4 * _num_sms(x.device) // max(1, B * ncb))
     span = _OVERRIDE.get("span", max(1, triton.cdiv(triton.cdiv(T, bt), want)))
     deterministic = torch.are_deterministic_algorithms_enabled()
