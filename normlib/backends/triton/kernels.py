@@ -166,26 +166,12 @@ def _lookback(ws_ptr, rec0, tile, tag, d_tile, offs_s, SC: tl.constexpr, WINDOW:
             sb = tl.where(keep, tl.where(use_inc, ib, ab), 0.0)
             sc = tl.where(keep, tl.where(use_inc, ic, ac), 0.0)
             sd = tl.where(keep & (offs_w > k)[:, None], d_tile, 1.0) + tl.zeros([WINDOW, SC], tl.float32)
-            if SC == 1:
-                sa, sb, sc, sd = _scan(sa, sb, sc, sd, WINDOW, SC, 0, LINEAR, False)
-                last = (offs_w == WINDOW - 1)[:, None]
-                ta = tl.sum(tl.where(last, sa, 0.0), axis=0)
-                tb = tl.sum(tl.where(last, sb, 0.0), axis=0)
-                tc = tl.sum(tl.where(last, sc, 0.0), axis=0)
-                td = tl.sum(tl.where(last, sd, 0.0), axis=0)
-            else:  # row by row, oldest first: with a scan along axis 0 of [WINDOW, SC] here, per-channel
-                # EMA streaming went wrong on the GPU (Triton 3.6, "b c t"); an explicit order leaves
-                # nothing to the scan lowering
-                ta = tl.zeros([SC], dtype=tl.float32)
-                tb = tl.zeros([SC], dtype=tl.float32)
-                tc = tl.zeros([SC], dtype=tl.float32)
-                td = tl.full([SC], 1.0, dtype=tl.float32)
-                for i in tl.static_range(WINDOW):
-                    row = (offs_w == i)[:, None]
-                    ta, tb, tc, td = _combine(ta, tb, tc, td, tl.sum(tl.where(row, sa, 0.0), axis=0),
-                                              tl.sum(tl.where(row, sb, 0.0), axis=0),
-                                              tl.sum(tl.where(row, sc, 0.0), axis=0),
-                                              tl.sum(tl.where(row, sd, 0.0), axis=0), LINEAR)
+            sa, sb, sc, sd = _scan(sa, sb, sc, sd, WINDOW, SC, 0, LINEAR, False)
+            last = (offs_w == WINDOW - 1)[:, None]
+            ta = tl.sum(tl.where(last, sa, 0.0), axis=0)
+            tb = tl.sum(tl.where(last, sb, 0.0), axis=0)
+            tc = tl.sum(tl.where(last, sc, 0.0), axis=0)
+            td = tl.sum(tl.where(last, sd, 0.0), axis=0)
             acc_a, acc_b, acc_c, acc_d = _combine(ta, tb, tc, td, acc_a, acc_b, acc_c, acc_d, LINEAR)
             if k >= 0:
                 done = 1
