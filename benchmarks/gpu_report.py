@@ -1,12 +1,13 @@
 """Check and time every norm on a CUDA GPU in one run.
 
-    PYTHONPATH=. python benchmarks/gpu_report.py [--commit SHA] [--out DIR] [--no-compile] [--quick]
+    PYTHONPATH=. python benchmarks/gpu_report.py [--commit SHA] [--out DIR] [--stages ...] [--quick]
 
 Checks (against the float64 reference, at real sizes): every norm x layout x dtype (fp32, fp16, bf16)
 with affine, lengths and states; chunked streaming; DC offset 1e4 in fp32 (no NaN); a tensor of more than
-2^31 elements. Then times the forward of normlib (Triton), torch eager and torch.compile of the
+2^31 elements; gradients, determinism, torch.compile and opcheck. Then times the forward of normlib (Triton), torch eager and torch.compile of the
 reference, and a copy (clone) of the same tensor, in the same run; prints GB/s and ratios to the copy and
-writes a markdown table (for benchmarks/RESULTS.md) under --out.
+writes a markdown table (for benchmarks/RESULTS.md) under --out. The checks take several minutes (mostly
+compiling): split them over device calls with --stages fwdchecks and --stages gradchecks.
 """
 from __future__ import annotations
 
@@ -59,7 +60,8 @@ def as_bct(x, layout):
     return x if layout == "b c t" else x.transpose(1, 2)
 
 
-def run_checks(quick):
+def forward_checks(quick):
+    """Forward of every norm, chunked streaming and long sequences, DC offset, > 2^31 elements."""
     print("== checks against the float64 reference", flush=True)
     shapes = [(3, 50, 1001), (4, 512, 4000)] if not quick else [(3, 50, 1001)]
     for (B, C, T) in shapes:
@@ -106,6 +108,57 @@ def run_checks(quick):
                 parts.append(as_bct(yc, layout))
             e = rel(torch.cat(parts, -1), whole)
             check(f"stream {name} {layout!r}", e < 1e-5, f"{e:.1e}")
+
+    print("== DC offset 1e4, fp32", flush=True)
+    x = make(4, 256, 20000, torch.float32, "b c t", offset=1e4, seed=3)
+    for name in NORMS:
+        y = norm(spec_of(name), x, backend="triton")
+        e = rel(y, R.REFERENCES[name](x.double()))
+        check(f"offset 1e4 {name}", e < 1e-3 and torch.isfinite(y).all().item(), f"{e:.1e}")
+
+    print("== more than 2^31 elements (fp16)", flush=True)
+    B, C, T = 2, 256, (1 << 22) + 3
+    assert B * C * T > 2**31
+    x = make(B, C, T, torch.float16, "b c t", seed=11)
+    for name in (("cln", "gln") if not quick else ("gln",)):
+        y = norm(spec_of(name), x, backend="triton")
+        yr = R.REFERENCES[name](x[1:].double())  # the second sequence lies past 2^31 elements
+        e = rel(y[1:], yr)
+        check(f"{name} {B}x{C}x{T} fp16, batch item 1", e < TOL[torch.float16], f"{e:.1e}")
+        del y, yr
+    del x
+    torch.cuda.empty_cache()
+
+
+def gradient_checks(quick):
+    """Gradients and determinism, torch.compile(fullgraph=True) of a model, opcheck."""
+    print("== torch.compile(fullgraph=True) of a model equals eager; opcheck", flush=True)
+    from normlib.backends import triton as tb
+    model = torch.nn.Sequential(torch.nn.Conv1d(64, 64, 3, padding=1), normlib.create("cln", 64),
+                                normlib.create("ccemaln", 64, decay=0.9), normlib.create("gln", 64)).cuda()
+    x = make(4, 64, 3000, torch.float32, "b c t", seed=9)
+    y_e = model(x)
+    g_e = torch.autograd.grad(y_e.square().sum(), list(model.parameters()))
+    torch._dynamo.reset()
+    y_c = torch.compile(model, fullgraph=True)(x)
+    g_c = torch.autograd.grad(y_c.square().sum(), list(model.parameters()))
+    e = max([rel(y_c, y_e)] + [rel(a_, b_) for a_, b_ in zip(g_c, g_e)])
+    check("compile fullgraph model (cln, ccemaln, gln)", e < 1e-5, f"{e:.1e}")
+    for pc, dec in ((False, 1.0), (True, 0.9), (False, None), (False, 0.0)):
+        xo = make(2, 33, 700, torch.float32, "b c t", seed=10).requires_grad_()
+        w, b = torch.randn(33, device="cuda", requires_grad=True), torch.randn(33, device="cuda", requires_grad=True)
+        nsc = 33 if pc else 1
+        sin = None if dec is None or dec == 0 else torch.stack([
+            torch.full((2, nsc), 9.0, device="cuda", dtype=torch.float64),
+            torch.randn(2, nsc, device="cuda", dtype=torch.float64),
+            torch.rand(2, nsc, device="cuda", dtype=torch.float64) * 9]).requires_grad_()
+        args = (xo, w, b, torch.tensor([700, 301], device="cuda"), sin, pc, dec, 1e-5, False, dec is not None, True,
+                tb.launch.tiles_for(xo, pc))
+        try:
+            torch.library.opcheck(tb.running_norm_fwd, args)
+            check(f"opcheck per_channel={pc} decay={dec}", True)
+        except Exception as exc:  # noqa: BLE001
+            check(f"opcheck per_channel={pc} decay={dec}", False, str(exc).splitlines()[0][:200])
 
     print("== gradients against autograd of the float64 reference; determinism", flush=True)
     torch.use_deterministic_algorithms(True)  # the look-back then combines in a fixed grouping
@@ -158,54 +211,6 @@ def run_checks(quick):
                           "dx dw db dstate " + " ".join(f"{e:.1e}" for e in errs) + ("" if same else " NOT DETERMINISTIC"))
 
     torch.use_deterministic_algorithms(False)
-
-    print("== torch.compile(fullgraph=True) of a model equals eager; opcheck", flush=True)
-    from normlib.backends import triton as tb
-    model = torch.nn.Sequential(torch.nn.Conv1d(64, 64, 3, padding=1), normlib.create("cln", 64),
-                                normlib.create("ccemaln", 64, decay=0.9), normlib.create("gln", 64)).cuda()
-    x = make(4, 64, 3000, torch.float32, "b c t", seed=9)
-    y_e = model(x)
-    g_e = torch.autograd.grad(y_e.square().sum(), list(model.parameters()))
-    torch._dynamo.reset()
-    y_c = torch.compile(model, fullgraph=True)(x)
-    g_c = torch.autograd.grad(y_c.square().sum(), list(model.parameters()))
-    e = max([rel(y_c, y_e)] + [rel(a_, b_) for a_, b_ in zip(g_c, g_e)])
-    check("compile fullgraph model (cln, ccemaln, gln)", e < 1e-5, f"{e:.1e}")
-    for pc, dec in ((False, 1.0), (True, 0.9), (False, None), (False, 0.0)):
-        xo = make(2, 33, 700, torch.float32, "b c t", seed=10).requires_grad_()
-        w, b = torch.randn(33, device="cuda", requires_grad=True), torch.randn(33, device="cuda", requires_grad=True)
-        nsc = 33 if pc else 1
-        sin = None if dec is None or dec == 0 else torch.stack([
-            torch.full((2, nsc), 9.0, device="cuda", dtype=torch.float64),
-            torch.randn(2, nsc, device="cuda", dtype=torch.float64),
-            torch.rand(2, nsc, device="cuda", dtype=torch.float64) * 9]).requires_grad_()
-        args = (xo, w, b, torch.tensor([700, 301], device="cuda"), sin, pc, dec, 1e-5, False, dec is not None, True,
-                tb.launch.tiles_for(xo, pc))
-        try:
-            torch.library.opcheck(tb.running_norm_fwd, args)
-            check(f"opcheck per_channel={pc} decay={dec}", True)
-        except Exception as exc:  # noqa: BLE001
-            check(f"opcheck per_channel={pc} decay={dec}", False, str(exc).splitlines()[0][:200])
-
-    print("== DC offset 1e4, fp32", flush=True)
-    x = make(4, 256, 20000, torch.float32, "b c t", offset=1e4, seed=3)
-    for name in NORMS:
-        y = norm(spec_of(name), x, backend="triton")
-        e = rel(y, R.REFERENCES[name](x.double()))
-        check(f"offset 1e4 {name}", e < 1e-3 and torch.isfinite(y).all().item(), f"{e:.1e}")
-
-    print("== more than 2^31 elements (fp16)", flush=True)
-    B, C, T = 2, 256, (1 << 22) + 3
-    assert B * C * T > 2**31
-    x = make(B, C, T, torch.float16, "b c t", seed=11)
-    for name in (("cln", "gln") if not quick else ("gln",)):
-        y = norm(spec_of(name), x, backend="triton")
-        yr = R.REFERENCES[name](x[1:].double())  # the second sequence lies past 2^31 elements
-        e = rel(y[1:], yr)
-        check(f"{name} {B}x{C}x{T} fp16, batch item 1", e < TOL[torch.float16], f"{e:.1e}")
-        del y, yr
-    del x
-    torch.cuda.empty_cache()
 
 
 def _t(fn):
@@ -286,7 +291,8 @@ def main():
     p.add_argument("--commit", default=os.environ.get("NORMLIB_COMMIT", "unknown"))
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--stages", default="checks,eager,compile", help="any of checks, eager, compile")
+    p.add_argument("--stages", default="checks,eager,compile",
+                   help="any of checks (= fwdchecks,gradchecks), fwdchecks, gradchecks, eager, compile")
     a = p.parse_args()
     stages = a.stages.split(",")
     assert torch.cuda.is_available(), "gpu_report needs a CUDA GPU"
@@ -295,8 +301,10 @@ def main():
     print(head, flush=True)
     t0 = time.time()
     os.makedirs(a.out, exist_ok=True)
-    if "checks" in stages:
-        run_checks(a.quick)
+    if "checks" in stages or "fwdchecks" in stages:
+        forward_checks(a.quick)
+    if "checks" in stages or "gradchecks" in stages:
+        gradient_checks(a.quick)
     result = dict(head=head, fails=FAILS)
     for stage in ("eager", "compile"):
         if stage in stages:
