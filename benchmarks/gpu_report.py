@@ -153,7 +153,7 @@ def gradient_checks(quick):
             torch.randn(2, nsc, device="cuda", dtype=torch.float64),
             torch.rand(2, nsc, device="cuda", dtype=torch.float64) * 9]).requires_grad_()
         args = (xo, w, b, torch.tensor([700, 301], device="cuda"), sin, pc, dec, 1e-5, False, dec is not None, True,
-                tb.launch.tiles_for(xo, pc))
+                tb.launch.tiles_for(xo, pc, dec))
         try:
             torch.library.opcheck(tb.running_norm_fwd, args)
             check(f"opcheck per_channel={pc} decay={dec}", True)

@@ -62,7 +62,7 @@ def main():
     x = torch.randn(B, C, T, device="cuda").to(dt)
     spec = normlib.get(a.norm).spec
     decay = {"frame": 0.0, "cumulative": 1.0, "ema": 0.99, "global": None}[spec.time.value]
-    tiles = launch.tiles_for(x, spec.per_channel)
+    tiles = launch.tiles_for(x, spec.per_channel, decay)
     calls = {
         "copy (clone)": lambda: x.clone(),
         "normlib.functional.norm": lambda: norm(spec, x, backend="triton", decay=decay if spec.time.value == "ema" else None),

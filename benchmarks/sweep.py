@@ -49,7 +49,8 @@ def main():
     for bt, bc, warps, window in itertools.product(ints(a.block_t), ints(a.block_c), ints(a.warps),
                                                    ints(a.window)):
         with launch.tile_size(block_t=bt, block_c=bc, warps=warps, window=window):
-            tiles = launch.tiles_for(x if a.layout == "b c t" else x.transpose(1, 2), spec.per_channel)
+            tiles = launch.tiles_for(x if a.layout == "b c t" else x.transpose(1, 2), spec.per_channel,
+                                    spec.resolve_decay(None))
             try:
                 with torch.no_grad():
                     t = do_bench(lambda: norm(spec, x, layout=a.layout, backend="triton"), warmup=5, rep=40,

@@ -23,7 +23,7 @@ def _args(per_channel, decay, state, return_state, save):
                            torch.rand(B, nsc, dtype=torch.float64) * 5]).requires_grad_()
     lengths = torch.tensor([T, 11])
     with tb.tile_size(block_t=4, window=2):
-        tiles = tb.launch.tiles_for(x, per_channel)
+        tiles = tb.launch.tiles_for(x, per_channel, decay)
     return (x, w, b, lengths, sin, per_channel, decay, 1e-5, False, return_state, save, tiles)
 
 

@@ -125,7 +125,7 @@ def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mod
     save = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (x, weight, bias, sin))
     args = (x, weight, bias, lengths, sin, per_channel, decay, float(eps), eps_mode == "outside", return_state,
-            save, launch.tiles_for(x, per_channel))
+            save, launch.tiles_for(x, per_channel, decay))
     if torch.compiler.is_compiling():
         y, sout, _ = running_norm_fwd(*args)
     elif save:

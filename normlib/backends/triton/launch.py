@@ -44,21 +44,24 @@ def _num_sms(device) -> int:
     return 4
 
 
-def choose_tiles(C, T, per_channel, channels_last, device):
+def choose_tiles(C, T, per_channel, channels_last, device, frame=False):
     """(BLOCK_C, BLOCK_T, num_warps), from the H200 sweeps (benchmarks/sweep.py, RESULTS.md): rows of at
     128 bytes or more along the contiguous dim, 4 warps. A pooled tile spans all channels and is visited in
-    chunks of BLOCK_C, so its registers do not grow with C."""
+    chunks of BLOCK_C, so its registers do not grow with C. FRAME has no look-back to hide, so its pooled
+    tiles hold up to 512 channels in registers at once (no second read from L2)."""
     c2, t2 = triton.next_power_of_2(max(C, 1)), triton.next_power_of_2(max(T, 1))
     if per_channel:
         block_c = min(32 if channels_last else 16, c2)
         block_t = min(t2, 64 if channels_last else 128)
+    elif frame and c2 <= 512:
+        block_c, block_t = c2, min(t2, 32)
     elif channels_last:
         block_c, block_t = min(c2, 128), min(t2, 32)
     else:
         block_c, block_t = min(c2, 128), min(t2, 64)
     block_c = _OVERRIDE.get("block_c", block_c)
     block_t = _OVERRIDE.get("block_t", block_t)
-    return block_c, block_t, _OVERRIDE.get("warps", 4)
+    return block_c, block_t, _OVERRIDE.get("warps", 8 if block_c * block_t > 8192 else 4)
 
 
 def window_for(per_channel, block_c, warps) -> int:
@@ -84,26 +87,26 @@ class Plan(NamedTuple):
     log2d: float
 
 
-def tiles_for(x, per_channel) -> list[int]:
+def tiles_for(x, per_channel, decay=None) -> list[int]:
     """The launch choices for x, as ints an op can carry: [block_c, block_t, warps, window, span, walk,
     deterministic]. Forward and backward take the same list, so they always agree on the tiling. Eager
     calls look them up in a cache (the host path of a small call is longer than its kernel)."""
     if torch.compiler.is_compiling():
-        return _tiles_for(x, per_channel)
-    key = (x.shape, x.stride(), per_channel, x.device, torch.are_deterministic_algorithms_enabled(),
+        return _tiles_for(x, per_channel, decay)
+    key = (x.shape, x.stride(), per_channel, decay == 0, x.device, torch.are_deterministic_algorithms_enabled(),
            tuple(_OVERRIDE.items()))
     tiles = _TILES.get(key)
     if tiles is None:
         if len(_TILES) > 4096:  # many distinct shapes (variable-length streams): start over
             _TILES.clear()
-        tiles = _TILES[key] = _tiles_for(x, per_channel)
+        tiles = _TILES[key] = _tiles_for(x, per_channel, decay)
     return list(tiles)
 
 
-def _tiles_for(x, per_channel) -> list[int]:
+def _tiles_for(x, per_channel, decay) -> list[int]:
     B, C, T = x.shape
     channels_last = x.stride(1) == 1 and x.stride(2) != 1
-    bc, bt, warps = choose_tiles(C, T, per_channel, channels_last, x.device)
+    bc, bt, warps = choose_tiles(C, T, per_channel, channels_last, x.device, frame=decay == 0)
     ncb = triton.cdiv(C, bc) if per_channel else 1
     window = _OVERRIDE.get("window", window_for(per_channel, bc, warps))
     want = max(1, 4 * _num_sms(x.device) // max(1, B * ncb))
