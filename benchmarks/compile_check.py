@@ -30,7 +30,7 @@ def configs():
     seen = set()
     for (B, C, T), last, pc, mode, dt, full in itertools.product(
             SHAPES, (False, True), (False, True), (0, 1, 2, 3), ("fp32", "bf16"), (False, True)):
-        bc, bt, warps = launch.choose_tiles(C, T, pc, last, None)
+        bc, bt, warps = launch.choose_tiles(C, T, pc, last, None, frame=mode == 0)
         st = dict(b=C * T, c=1 if last else T, t=C if last else 1)
         ints = dict(**{f"s{a}{k}": v for a in "xygd" for k, v in st.items()}, B=B, C=C, T=T, NCB=triton.cdiv(C, bc) if pc else 1,
                     NT=triton.cdiv(T, bt), NSPAN=3)
