@@ -122,6 +122,18 @@ def _publish(prec, a, b, c, tag, SLOT: tl.constexpr, SC: tl.constexpr):
 
 
 @triton.jit
+def _read_records(p, msk, SC: tl.constexpr):
+    """A block of records: its 6 values (aggregate, inclusive prefix) and their 6 tags."""
+    a0, t0 = _unpack(tl.load(p + 0 * SC, mask=msk, other=0, volatile=True))
+    a1, t1 = _unpack(tl.load(p + 1 * SC, mask=msk, other=0, volatile=True))
+    a2, t2 = _unpack(tl.load(p + 2 * SC, mask=msk, other=0, volatile=True))
+    a3, t3 = _unpack(tl.load(p + 3 * SC, mask=msk, other=0, volatile=True))
+    a4, t4 = _unpack(tl.load(p + 4 * SC, mask=msk, other=0, volatile=True))
+    a5, t5 = _unpack(tl.load(p + 5 * SC, mask=msk, other=0, volatile=True))
+    return a0, a1, a2, a3, a4, a5, t0, t1, t2, t3, t4, t5
+
+
+@triton.jit
 def _lookback(ws_ptr, rec0, tile, tag, d_tile, offs_s, SC: tl.constexpr, WINDOW: tl.constexpr,
               AGG_ONLY: tl.constexpr, DETERMINISTIC: tl.constexpr, LINEAR: tl.constexpr):
     """The exclusive prefix of ``tile`` (> 0, in start order) from its predecessors' records.
@@ -141,12 +153,7 @@ def _lookback(ws_ptr, rec0, tile, tag, d_tile, offs_s, SC: tl.constexpr, WINDOW:
         ok_j = j >= 0
         p = ws_ptr + rec0 + tl.maximum(j, 0).to(tl.int64)[:, None] * (6 * SC) + offs_s[None, :]
         m2d = ok_j[:, None] & (offs_s[None, :] >= 0)  # [WINDOW, SC]
-        aa, t0 = _unpack(tl.load(p + 0 * SC, mask=m2d, other=0, volatile=True))
-        ab, t1 = _unpack(tl.load(p + 1 * SC, mask=m2d, other=0, volatile=True))
-        ac, t2 = _unpack(tl.load(p + 2 * SC, mask=m2d, other=0, volatile=True))
-        ia, t3 = _unpack(tl.load(p + 3 * SC, mask=m2d, other=0, volatile=True))
-        ib, t4 = _unpack(tl.load(p + 4 * SC, mask=m2d, other=0, volatile=True))
-        ic, t5 = _unpack(tl.load(p + 5 * SC, mask=m2d, other=0, volatile=True))
+        aa, ab, ac, ia, ib, ic, t0, t1, t2, t3, t4, t5 = _read_records(p, m2d, SC)
         agg_ok = tl.min(((t0 == tag) & (t1 == tag) & (t2 == tag)).to(tl.int32), axis=1)  # [WINDOW]
         inc_ok = tl.min(((t3 == tag) & (t4 == tag) & (t5 == tag)).to(tl.int32), axis=1)
         agg_ok = tl.where(ok_j, agg_ok, 1)
@@ -160,6 +167,10 @@ def _lookback(ws_ptr, rec0, tile, tag, d_tile, offs_s, SC: tl.constexpr, WINDOW:
         if DETERMINISTIC:  # wait for that prefix: walking past it would never meet another
             ready = tl.where(k >= 0, ready, 0)
         if ready > 0:
+            # Triton may give several warps their own copy of a small [WINDOW, SC] block, and a volatile
+            # load can see a word published in one copy and not yet in another; the decision above came
+            # from one copy. Read the words again: they were seen in L2, so every copy now gets them.
+            aa, ab, ac, ia, ib, ic, t0, t1, t2, t3, t4, t5 = _read_records(p, m2d, SC)
             use_inc = (offs_w == k)[:, None]
             keep = (offs_w >= k)[:, None] & ok_j[:, None]
             sa = tl.where(keep, tl.where(use_inc, ia, aa), 0.0)
@@ -293,6 +304,81 @@ def _frame_stats(xk, msk, POOL_ALL: tl.constexpr):
 
 
 @triton.jit
+def lin2(u1, v1, d1, u2, v2, d2):
+    return d2 * u1 + u2, d2 * v1 + v2, d1 * d2
+
+
+@triton.jit
+def _cumsum2(u, v, d, SC: tl.constexpr, N: tl.constexpr, MODE: tl.constexpr):
+    """Inclusive running sums along axis 1 of [SC, N]: plain (CUMULATIVE) or decayed by d per frame (EMA).
+    SC == 1 scans a 1D vector (Triton 3.6's scan lowering asserts on some layouts of a unit dim)."""
+    if N == 1:
+        return u, v
+    if SC == 1:
+        u1, v1 = tl.reshape(u, [N]), tl.reshape(v, [N])
+        if MODE == 1:
+            u1, v1 = tl.cumsum(u1, axis=0), tl.cumsum(v1, axis=0)
+        else:
+            u1, v1, _d = tl.associative_scan((u1, v1, d + tl.zeros([N], tl.float32)), axis=0, combine_fn=lin2)
+        return tl.reshape(u1, [1, N]), tl.reshape(v1, [1, N])
+    if MODE == 1:
+        return tl.cumsum(u, axis=1), tl.cumsum(v, axis=1)
+    u, v, _d = tl.associative_scan((u, v, d + tl.zeros([SC, N], tl.float32)), axis=1, combine_fn=lin2)
+    return u, v
+
+
+@triton.jit
+def _frame_weight(fn, m_t, POOL_ALL: tl.constexpr):
+    """Each frame's weight as [1, BLOCK_T]: its count of valid values (pooled), or 1 at a valid frame
+    (per channel, the same for every channel)."""
+    if POOL_ALL:
+        return fn
+    else:
+        return m_t[None, :].to(tl.float32)
+
+
+@triton.jit
+def _local_sums(n, fm, fq, log2d, BLOCK_T: tl.constexpr, SC: tl.constexpr, POOL_ALL: tl.constexpr,
+                MODE: tl.constexpr):
+    """Running sums of a tile's frames from its first one: (W, S1, S2, D) with W = sum d^(t-tau) n,
+    S1 = sum d^(t-tau) n m, S2 = sum d^(t-tau) (M2 + n m^2) over the frames' (n, m, M2), and D = d^(t+1),
+    the decay of an incoming prefix. W and D depend on the frame only ([1, BLOCK_T]: ``n`` counts a
+    frame's valid values); S1, S2 are [SC, BLOCK_T]. Float64 sums of the K-shifted values: a scan of
+    additions, where a scan of Chan merges costs a division per step."""
+    ts = tl.arange(0, BLOCK_T)[None, :]
+    D = tl.exp2(log2d * (ts + 1).to(tl.float32))
+    m = fm.to(tl.float64)
+    if POOL_ALL:
+        s1 = n.to(tl.float64) * m
+        s2 = fq.to(tl.float64) + s1 * m
+    else:  # one value per frame, 0 at padding
+        s1 = m
+        s2 = m * m
+    # the frames' weights: a per-frame scan ([1, BLOCK_T]); with the decay's, it is a per-tile cost
+    w, _z = _cumsum2(n.to(tl.float64), tl.zeros([1, BLOCK_T], tl.float64), tl.exp2(log2d), 1, BLOCK_T, MODE)
+    s1, s2 = _cumsum2(s1, s2, tl.exp2(log2d), SC, BLOCK_T, MODE)
+    return w, s1, s2, D
+
+
+@triton.jit
+def _moments(w, s1, s2):
+    """Float64 sums (W, S1, S2) -> float32 (w, mean, M2). 1/W: float32, then a float64 Newton step."""
+    wf = w.to(tl.float32)
+    inv = (1.0 / tl.where(wf > 0, wf, 1.0)).to(tl.float64)
+    inv = inv * (2.0 - w * inv)
+    mean = s1 * inv
+    return wf, mean.to(tl.float32), (s2 - s1 * mean).to(tl.float32)
+
+
+@triton.jit
+def _with_prefix(lw, l1, l2, D, pw, pm, pq):
+    """(w, mean, M2) at every frame: a tile's running sums with its incoming prefix [SC] decayed in."""
+    w0 = pw.to(tl.float64)[:, None]
+    m0 = pm.to(tl.float64)[:, None]
+    return _moments(lw + w0 * D, l1 + w0 * m0 * D, l2 + (pq.to(tl.float64)[:, None] + w0 * m0 * m0) * D)
+
+
+@triton.jit
 def _tile_sum(v, POOL_ALL: tl.constexpr):
     """[BLOCK_C, BLOCK_T] -> [SC]: sum over the tile's frames (and channels, when pooled)."""
     return tl.sum(_group_sum(v, POOL_ALL), axis=1)
@@ -303,7 +389,7 @@ def _rstd(var, eps, EPS_OUTSIDE: tl.constexpr):
     if EPS_OUTSIDE:  # sqrt of at least the smallest normal float, so that eps = 0 gives no 0 * inf
         return 1.0 / (tl.sqrt(tl.maximum(var, 1.1754944e-38)) + eps)
     else:
-        return 1.0 / tl.sqrt(tl.maximum(var, 0.0) + eps)
+        return tl.math.rsqrt(tl.maximum(var, 0.0) + eps)
 
 
 @triton.jit
@@ -408,11 +494,11 @@ def running_norm_fwd(
             cw, cm, cq = _frame_stats(xc, mc, POOL_ALL)
             sw, sm, sq, _d = merge(sw, sm, sq, 1.0, cw, cm, cq, 1.0)
         if MODE != 0:
-            # inclusive scan inside the tile, then the prefix: the incoming state (tile 0) or look-back
-            fd = tl.exp2(log2d) + tl.zeros([SC, BLOCK_T], tl.float32)
-            sw, sm, sq, sd = _scan(sw, sm, sq, fd, BLOCK_T, SC, 1, False, False)
+            # running sums inside the tile, then the prefix: the incoming state (tile 0) or look-back
+            lw, l1, l2, D = _local_sums(_frame_weight(sw, m_t, POOL_ALL), sm, sq, log2d, BLOCK_T, SC, POOL_ALL, MODE)
             is_last = (tl.arange(0, BLOCK_T) == BLOCK_T - 1)[None, :]
-            aw, am, aq = _pick(sw, is_last), _pick(sm, is_last), _pick(sq, is_last)
+            aw, am, aq = _moments(_pick(lw, is_last) + tl.zeros([SC], tl.float64), _pick(l1, is_last),
+                                  _pick(l2, is_last))
             rec0 = seq.to(tl.int64) * NT * (6 * SC)
             prec = ws_ptr + rec0 + it.to(tl.int64) * (6 * SC) + offs_s
             d_tile = tl.exp2(log2d * BLOCK_T)
@@ -433,7 +519,7 @@ def running_norm_fwd(
                 tl.store(ppre, pw)
                 tl.store(ppre + SC, pm)
                 tl.store(ppre + 2 * SC, pq)
-            sw, sm, sq, _ = merge(pw[:, None], pm[:, None], pq[:, None], 1.0, sw, sm, sq, sd)
+            sw, sm, sq = _with_prefix(lw, l1, l2, D, pw, pm, pq)
         mean = sm
         var = sq / tl.where(sw > 0, sw, 1.0)
 
@@ -548,11 +634,9 @@ def running_norm_bwd(
             sw, sm, sq = nw, nm, nq
         fm = sm  # each frame's own mean
         if MODE != 0:
-            sw, sm, sq, sd = _scan(sw, sm, sq, d1 + tl.zeros([SC, BLOCK_T], tl.float32), BLOCK_T, SC, 1,
-                                   False, False)
+            lw, l1, l2, D = _local_sums(_frame_weight(sw, m_t, POOL_ALL), sm, sq, log2d, BLOCK_T, SC, POOL_ALL, MODE)
             ppt = ppre + it.to(tl.int64) * (3 * SC)
-            pw, pm, pq = tl.load(ppt), tl.load(ppt + SC), tl.load(ppt + 2 * SC)
-            sw, sm, sq, _ = merge(pw[:, None], pm[:, None], pq[:, None], 1.0, sw, sm, sq, sd)
+            sw, sm, sq = _with_prefix(lw, l1, l2, D, tl.load(ppt), tl.load(ppt + SC), tl.load(ppt + 2 * SC))
         mean = sm
         var = sq / tl.where(sw > 0, sw, 1.0)
         r = _rstd(var, eps, EPS_OUTSIDE)

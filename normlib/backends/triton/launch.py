@@ -65,12 +65,11 @@ def choose_tiles(C, T, per_channel, channels_last, device, frame=False):
 
 
 def window_for(per_channel, block_c, warps) -> int:
-    """Look-back window (records read per poll). A poll loads [window, statistics per frame] words;
-    Triton copies a tensor smaller than the program's threads into several warps, a volatile load may see
-    different words in each copy, and a reduction across warps then mixes copies (a race seen on the H200
-    with [8, 16] records and 8 warps). Pooled records (1 per frame, 32 rows) stay inside one warp, which
-    is consistent with itself; per-channel records get rows enough that no thread holds another's copy."""
-    return max(8, 64 * warps // block_c) if per_channel else 32
+    """Look-back window (records read per poll). A tile's predecessor in its sequence took its ticket
+    B * channel blocks tickets earlier: with many sequences (per channel) it has usually finished, so a
+    short window suffices and keeps the polls' L2 traffic below the tile's own; pooled tiles of few
+    sequences often find only aggregates and walk further."""
+    return 4 if per_channel else 32
 
 
 class Plan(NamedTuple):

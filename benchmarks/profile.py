@@ -1,0 +1,50 @@
+"""Run one norm's Triton forward (or backward) a few times, for a profiler:
+
+    PYTHONPATH=. ncu --section SpeedOfLight --section Occupancy --section LaunchStats \
+        --section WarpStateStats -k regex:running_norm --launch-skip 2 --launch-count 1 \
+        python benchmarks/profile.py --norm ccln --shape 16,512,16000 [--bwd] [--block-c 8 --block-t 256]
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+import normlib
+from normlib.backends.triton import launch
+from normlib.functional import norm
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--norm", default="cln")
+    p.add_argument("--dtype", default="fp32")
+    p.add_argument("--layout", default="b c t")
+    p.add_argument("--shape", default="16,512,16000")
+    p.add_argument("--bwd", action="store_true")
+    p.add_argument("--block-c", type=int)
+    p.add_argument("--block-t", type=int)
+    p.add_argument("--warps", type=int)
+    p.add_argument("--window", type=int)
+    p.add_argument("--calls", type=int, default=3)
+    a = p.parse_args()
+    B, C, T = (int(v) for v in a.shape.split(","))
+    x = torch.randn(B, C, T, device="cuda").to(DTYPES[a.dtype])
+    if a.layout == "b t c":
+        x = x.transpose(1, 2).contiguous()
+    spec = normlib.get(a.norm).spec
+    with launch.tile_size(block_c=a.block_c, block_t=a.block_t, warps=a.warps, window=a.window):
+        for _ in range(a.calls):
+            if a.bwd:
+                xg = x.detach().requires_grad_()
+                torch.autograd.grad(norm(spec, xg, layout=a.layout, backend="triton"), (xg,), torch.ones_like(x))
+            else:
+                with torch.no_grad():
+                    norm(spec, x, layout=a.layout, backend="triton")
+        torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()
