@@ -1,7 +1,7 @@
 """Tile-size sweep on a CUDA GPU: time the Triton forward (and optionally backward) of one norm over a
 grid of launch choices, beside a copy of the same bytes, to pick the launcher's defaults.
 
-    PYTHONPATH=. python benchmarks/sweep.py --norm cln --dtype fp32 --layout "b c t" \
+    PYTHONPATH=. python benchmarks/sweep.py --norm cln --dtype fp32 --layout "b c t" [--strip 0,1] \
         --shape 16,512,16000 --block-t 8,16,32 --warps 4,8 --window 8,32 [--block-c 16,64] [--bwd]
 
 Prints one line per configuration: µs and the ratio to the copy (forward moves 2N, backward 3N).
@@ -35,6 +35,7 @@ def main():
     p.add_argument("--block-c")
     p.add_argument("--warps")
     p.add_argument("--window")
+    p.add_argument("--strip", help="0, 1 or both: forbid or force one program per sequence")
     p.add_argument("--bwd", action="store_true")
     a = p.parse_args()
     B, C, T = (int(v) for v in a.shape.split(","))
@@ -46,16 +47,17 @@ def main():
     spec = normlib.get(a.norm).spec
     t_copy = do_bench(lambda: x.clone(), warmup=5, rep=40, return_mode="median")
     print(f"{a.norm} {a.dtype} {a.layout!r} {B}x{C}x{T}: copy {t_copy * 1e3:.1f} µs", flush=True)
-    for bt, bc, warps, window in itertools.product(ints(a.block_t), ints(a.block_c), ints(a.warps),
-                                                   ints(a.window)):
-        with launch.tile_size(block_t=bt, block_c=bc, warps=warps, window=window):
+    for bt, bc, warps, window, strip in itertools.product(ints(a.block_t), ints(a.block_c), ints(a.warps),
+                                                          ints(a.window), ints(a.strip)):
+        with launch.tile_size(block_t=bt, block_c=bc, warps=warps, window=window,
+                              strip=None if strip is None else bool(strip)):
             tiles = launch.tiles_for(x if a.layout == "b c t" else x.transpose(1, 2), spec.per_channel,
                                     spec.resolve_decay(None))
             try:
                 with torch.no_grad():
                     t = do_bench(lambda: norm(spec, x, layout=a.layout, backend="triton"), warmup=5, rep=40,
                                  return_mode="median")
-                line = f"  tiles {tiles[:4]}: fwd {t * 1e3:8.1f} µs  {t_copy / t:.2f} of copy"
+                line = f"  tiles {tiles[:4]} strip {tiles[7]}: fwd {t * 1e3:8.1f} µs  {t_copy / t:.2f} of copy"
                 if a.bwd:
                     xg = x.detach().requires_grad_()
                     y = norm(spec, xg, layout=a.layout, backend="triton")

@@ -155,7 +155,7 @@ def _grid():
         factors = dict(weight=["w", "now"], bias=["b", "nob"], lengths=["full", "len"],
                        eps_mode=["inside", "outside"], layout=list(LAYOUTS), dtype=list(DTYPES))
         if name in RUNNING:
-            factors["tiles"] = ["look", "walk"]
+            factors["tiles"] = ["walk", "strip"]
         if name in GLOBAL:
             factors["tiles"] = ["span1", "span2"]
         if spec.causal:
@@ -176,7 +176,8 @@ def _grid():
 @pytest.mark.parametrize("name, row", _grid())
 def test_gradient_grid(name, row):
     """C=5 in tiles of 4 frames: T=13 (4 tiles, the last one frame long) where the look-back walks (windows
-    of 2, so the walk crosses windows), T=9 (3 tiles) otherwise; per-channel norms in one block of 8
+    of 2, so the walk crosses windows), T=9 (3 tiles) otherwise, by look-back or one program per sequence
+    (strip); per-channel norms in one block of 8
     channels or two of 4 (the second partial); GLOBAL in spans of 1 or 2 tiles. Lengths T, 7 (inside a
     tile) and 0 (B=3), else B=2; an incoming state whose second row is empty (weight 0); a loss on y and
     on all three fields of the returned state."""
@@ -193,6 +194,8 @@ def test_gradient_grid(name, row):
     tiles = dict(block_t=4, window=2, block_c=4 if row["cblocks"] == "2cb" else 8)
     if row["tiles"] == "walk":
         tiles["walk"] = True
+    elif row["tiles"] == "strip":  # one program walks each sequence and carries the suffix
+        tiles["strip"] = True
     elif row["tiles"].startswith("span"):
         tiles["span"] = int(row["tiles"][4:])
 

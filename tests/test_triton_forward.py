@@ -105,9 +105,12 @@ def _grid():
             factors.update(state_in=["nostate", "sin"], state_out=["noret", "sout"])
         if SPECS[name].per_channel:
             factors.update(cblocks=["1cb", "2cb"])
+        if name in RUNNING:
+            factors.update(tiles=["look", "strip"])
         for row in pairwise(factors):
-            row = dict(dict(state_in="nostate", state_out="noret", cblocks="1cb"), **row)
+            row = dict(dict(state_in="nostate", state_out="noret", cblocks="1cb", tiles="look"), **row)
             parts = [name, row["layout"], row["affine"], row["lengths"]]
+            parts += [row["tiles"]] if name in RUNNING else []
             parts += [row["cblocks"]] if SPECS[name].per_channel else []
             parts += [p for p in (row["state_in"], row["state_out"]) if p not in ("nostate", "noret")]
             parts += [f"eps{row['eps_mode']}", row["dtype"]]
@@ -133,7 +136,7 @@ def test_flag_grid(name, row):
     if SPECS[name].causal:
         kw.update(state=state, return_state=sout)
 
-    with tile_size(block_t=8, window=2, block_c=4 if row["cblocks"] == "2cb" else 8):
+    with tile_size(block_t=8, window=2, block_c=4 if row["cblocks"] == "2cb" else 8, strip=row["tiles"] == "strip"):
         out = tri(name, dev(x), dev(w), dev(b), GRID_EPS, **dict(kw, lengths=dev(lengths), state=dev_state(state)))
     expected = ref(name, x, w, b, GRID_EPS, **kw)
     y, s = out if sout else (out, None)
@@ -165,6 +168,7 @@ def _tile_cases():
                          id=f"{name}-bt4-win2-walk"),
             pytest.param(name, (1, 5, 50), dict(block_t=4, window=4, walk=True), "btc",
                          id=f"{name}-bt4-win4-walk-btc"),
+            pytest.param(name, (3, 5, 37), dict(block_t=4, block_c=2, strip=True), "bct", id=f"{name}-bt4-strip"),
         ]
         if not pc:
             p.append(pytest.param(name, (2, 33, 50), dict(block_t=16, window=2), "bct", id=f"{name}-C33-T50-bt16"))

@@ -304,30 +304,6 @@ def _frame_stats(xk, msk, POOL_ALL: tl.constexpr):
 
 
 @triton.jit
-def lin2(u1, v1, d1, u2, v2, d2):
-    return d2 * u1 + u2, d2 * v1 + v2, d1 * d2
-
-
-@triton.jit
-def _cumsum2(u, v, d, SC: tl.constexpr, N: tl.constexpr, MODE: tl.constexpr):
-    """Inclusive running sums along axis 1 of [SC, N]: plain (CUMULATIVE) or decayed by d per frame (EMA).
-    SC == 1 scans a 1D vector (Triton 3.6's scan lowering asserts on some layouts of a unit dim)."""
-    if N == 1:
-        return u, v
-    if SC == 1:
-        u1, v1 = tl.reshape(u, [N]), tl.reshape(v, [N])
-        if MODE == 1:
-            u1, v1 = tl.cumsum(u1, axis=0), tl.cumsum(v1, axis=0)
-        else:
-            u1, v1, _d = tl.associative_scan((u1, v1, d + tl.zeros([N], tl.float32)), axis=0, combine_fn=lin2)
-        return tl.reshape(u1, [1, N]), tl.reshape(v1, [1, N])
-    if MODE == 1:
-        return tl.cumsum(u, axis=1), tl.cumsum(v, axis=1)
-    u, v, _d = tl.associative_scan((u, v, d + tl.zeros([SC, N], tl.float32)), axis=1, combine_fn=lin2)
-    return u, v
-
-
-@triton.jit
 def _frame_weight(fn, m_t, POOL_ALL: tl.constexpr):
     """Each frame's weight as [1, BLOCK_T]: its count of valid values (pooled), or 1 at a valid frame
     (per channel, the same for every channel)."""
@@ -341,22 +317,26 @@ def _frame_weight(fn, m_t, POOL_ALL: tl.constexpr):
 def _local_sums(n, fm, fq, log2d, BLOCK_T: tl.constexpr, SC: tl.constexpr, POOL_ALL: tl.constexpr,
                 MODE: tl.constexpr):
     """Running sums of a tile's frames from its first one: (W, S1, S2, D) with W = sum d^(t-tau) n,
-    S1 = sum d^(t-tau) n m, S2 = sum d^(t-tau) (M2 + n m^2) over the frames' (n, m, M2), and D = d^(t+1),
-    the decay of an incoming prefix. W and D depend on the frame only ([1, BLOCK_T]: ``n`` counts a
-    frame's valid values); S1, S2 are [SC, BLOCK_T]. Float64 sums of the K-shifted values: a scan of
-    additions, where a scan of Chan merges costs a division per step."""
+    S1 = sum d^(t-tau) n m, S2 = sum d^(t-tau) (M2 + n m^2) over the frames' (n, m, M2) ([1, BLOCK_T]
+    pooled, [SC, BLOCK_T] per channel, where ``n`` is [1, BLOCK_T]), and D = d^(t+1), the decay of an
+    incoming prefix. Float64 sums of the K-shifted values: a scan of additions, where a scan of Chan
+    merges costs a division per step."""
     ts = tl.arange(0, BLOCK_T)[None, :]
     D = tl.exp2(log2d * (ts + 1).to(tl.float32))
+    d = tl.exp2(log2d)
     m = fm.to(tl.float64)
     if POOL_ALL:
         s1 = n.to(tl.float64) * m
-        s2 = fq.to(tl.float64) + s1 * m
-    else:  # one value per frame, 0 at padding
-        s1 = m
-        s2 = m * m
-    # the frames' weights: a per-frame scan ([1, BLOCK_T]); with the decay's, it is a per-tile cost
-    w, _z = _cumsum2(n.to(tl.float64), tl.zeros([1, BLOCK_T], tl.float64), tl.exp2(log2d), 1, BLOCK_T, MODE)
-    s1, s2 = _cumsum2(s1, s2, tl.exp2(log2d), SC, BLOCK_T, MODE)
+        w, s1, s2, _d = _scan(n.to(tl.float64), s1, fq.to(tl.float64) + s1 * m,
+                              d + tl.zeros([SC, BLOCK_T], tl.float32), BLOCK_T, SC, 1, True, False)
+    elif MODE == 1:  # valid frames are a prefix of the tile: W counts them (no scan, no layout change)
+        nv = tl.sum(tl.sum(n, axis=1), axis=0).to(tl.int32)
+        w = (tl.minimum(ts + 1, nv) + tl.zeros([SC, BLOCK_T], tl.int32)).to(tl.float64)  # [SC, ...]: no
+        # layout conversion of a [1, BLOCK_T] tensor on the way
+        s1, s2 = tl.cumsum(m, axis=1), tl.cumsum(m * m, axis=1)
+    else:  # m is 0 at padding
+        w, s1, s2, _d = _scan(n.to(tl.float64) + tl.zeros([SC, BLOCK_T], tl.float64), m, m * m,
+                              d + tl.zeros([SC, BLOCK_T], tl.float32), BLOCK_T, SC, 1, True, False)
     return w, s1, s2, D
 
 
@@ -394,16 +374,17 @@ def _rstd(var, eps, EPS_OUTSIDE: tl.constexpr):
 
 @triton.jit
 def _tile(ctr_ptr, x_ptr, len_ptr, sxb, sxc, B, C, T, NCB, NT, MODE: tl.constexpr, POOL_ALL: tl.constexpr,
-          HAS_LEN: tl.constexpr, BLOCK_C: tl.constexpr, SC: tl.constexpr, REVERSE: tl.constexpr):
+          HAS_LEN: tl.constexpr, BLOCK_C: tl.constexpr, SC: tl.constexpr, REVERSE: tl.constexpr,
+          STRIP: tl.constexpr):
     """Which tile this program owns and what every tile needs first: (it, vt, seq, tag, b64, offs_c, m_c,
     offs_s, length, s_off, s_ok, NS, K, CL). A pooled tile spans all C channels and is visited in chunks of
     BLOCK_C, c0 in range(0, CL, BLOCK_C); a per-channel tile is one chunk (CL = BLOCK_C). Look-back modes take tile-major tickets (tile i of every
     sequence before tile i + 1 of any; REVERSE hands them out from the end, vt counting from there);
     other modes a 1D grid in the same order (a second grid dim stops at 65535)."""
     tag = 0
-    if MODE == 1 or MODE == 2:
+    if (MODE == 1 or MODE == 2) and not STRIP:
         tile_id, tag = _ticket(ctr_ptr, B * NCB * NT)
-    else:
+    else:  # STRIP: one program per sequence, starting at vt = 0
         tile_id = tl.program_id(0)
     vt = tile_id // (B * NCB)
     it = vt
@@ -443,11 +424,11 @@ def running_norm_fwd(
     HAS_W: tl.constexpr, HAS_B: tl.constexpr, HAS_LEN: tl.constexpr, HAS_SIN: tl.constexpr,
     STORE_SOUT: tl.constexpr, STORE_PREFIX: tl.constexpr, EPS_OUTSIDE: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr, SPAN: tl.constexpr, WINDOW: tl.constexpr,
-    DETERMINISTIC: tl.constexpr = False, AGG_ONLY: tl.constexpr = False,
+    DETERMINISTIC: tl.constexpr = False, AGG_ONLY: tl.constexpr = False, STRIP: tl.constexpr = False,
 ):
     SC: tl.constexpr = 1 if POOL_ALL else BLOCK_C  # statistics per frame: one, or one per channel
-    it, _vt, seq, tag, b64, offs_c, m_c, offs_s, length, s_off, s_ok, NS, K, CL = _tile(
-        ctr_ptr, x_ptr, len_ptr, sxb, sxc, B, C, T, NCB, NT, MODE, POOL_ALL, HAS_LEN, BLOCK_C, SC, False)
+    it0, _vt, seq, tag, b64, offs_c, m_c, offs_s, length, s_off, s_ok, NS, K, CL = _tile(
+        ctr_ptr, x_ptr, len_ptr, sxb, sxc, B, C, T, NCB, NT, MODE, POOL_ALL, HAS_LEN, BLOCK_C, SC, False, STRIP)
     xb = x_ptr + b64 * sxb
 
     if PHASE == 1:  # GLOBAL, first launch: one summary per span of SPAN tiles
@@ -455,7 +436,7 @@ def running_norm_fwd(
         gm = tl.zeros([SC], dtype=tl.float32)
         gq = tl.zeros([SC], dtype=tl.float32)
         for k in range(SPAN):
-            offs_t = (it * SPAN + k) * BLOCK_T + tl.arange(0, BLOCK_T)
+            offs_t = (it0 * SPAN + k) * BLOCK_T + tl.arange(0, BLOCK_T)
             m_t = (offs_t < T) & (offs_t < length)
             for c0 in range(0, CL, BLOCK_C):
                 xk, msk = _load(xb + offs_t.to(tl.int64)[None, :] * sxt, sxc, c0, offs_c, C, m_t, K)
@@ -463,82 +444,93 @@ def running_norm_fwd(
                 mk = _tile_sum(xk, POOL_ALL) / tl.where(n > 0, n, 1.0)
                 dev = tl.where(msk, xk - mk[:, None], 0.0)
                 gw, gm, gq, _d = merge(gw, gm, gq, 1.0, n, mk, _tile_sum(dev * dev, POOL_ALL), 1.0)
-        rec = (seq.to(tl.int64) * NSPAN + it) * (3 * SC)
+        rec = (seq.to(tl.int64) * NSPAN + it0) * (3 * SC)
         tl.store(ws_ptr + rec + 0 * SC + offs_s, gw)
         tl.store(ws_ptr + rec + 1 * SC + offs_s, gm)
         tl.store(ws_ptr + rec + 2 * SC + offs_s, gq)
         return
 
-    # ---- load the tile (pooled: its first chunk of channels, kept in registers; the others are merged
-    # into the frames' statistics here and read again, from L2, to be written)
-    t0 = it * BLOCK_T
-    offs_t = t0 + tl.arange(0, BLOCK_T)
-    m_t = (offs_t < T) & (offs_t < length)
-    px = xb + offs_t.to(tl.int64)[None, :] * sxt
-    xk, msk = _load(px, sxc, 0, offs_c, C, m_t, K)  # [BLOCK_C, BLOCK_T]
-    ppre = pre_ptr + (seq.to(tl.int64) * NT + it) * (3 * SC) + offs_s
+    # STRIP: the program walks every tile of its sequence in order and carries the prefix (no ticket, no
+    # look-back); otherwise it owns one tile. The first tile's prefix is the incoming state.
+    cw = tl.zeros([SC], dtype=tl.float32)
+    cm = tl.zeros([SC], dtype=tl.float32)
+    cq = tl.zeros([SC], dtype=tl.float32)
+    if HAS_SIN:
+        cw = tl.load(sin_ptr + s_off, mask=s_ok, other=0.0).to(tl.float32)
+        cm = _state_mean(sin_ptr, s_off, s_ok, NS, K)
+        cq = tl.load(sin_ptr + 2 * NS + s_off, mask=s_ok, other=0.0).to(tl.float32)
+    rec0 = seq.to(tl.int64) * NT * (6 * SC)
+    d_tile = tl.exp2(log2d * BLOCK_T)
+    for step in range(NT if STRIP else 1):
+        it = it0 + step
+        # ---- load the tile (pooled: its first chunk of channels, kept in registers; the others are merged
+        # into the frames' statistics here and read again, from L2, to be written)
+        t0 = it * BLOCK_T
+        offs_t = t0 + tl.arange(0, BLOCK_T)
+        m_t = (offs_t < T) & (offs_t < length)
+        px = xb + offs_t.to(tl.int64)[None, :] * sxt
+        xk, msk = _load(px, sxc, 0, offs_c, C, m_t, K)  # [BLOCK_C, BLOCK_T]
+        ppre = pre_ptr + (seq.to(tl.int64) * NT + it) * (3 * SC) + offs_s
 
-    if MODE == 3:  # GLOBAL, second launch: reduce the span summaries of this sequence
-        mw, mm, mq = _span_reduce(ws_ptr, seq.to(tl.int64) * NSPAN * (3 * SC), NSPAN, offs_s, SC, WINDOW, False)
-        if STORE_PREFIX:
-            if it == 0:
-                tl.store(ppre, mw)
-                tl.store(ppre + SC, mm)
-                tl.store(ppre + 2 * SC, mq)
-        mean = mm[:, None] + tl.zeros([SC, BLOCK_T], tl.float32)
-        var = (mq / tl.where(mw > 0, mw, 1.0))[:, None] + tl.zeros([SC, BLOCK_T], tl.float32)
-    else:
-        sw, sm, sq = _frame_stats(xk, msk, POOL_ALL)
+        if MODE == 3:  # GLOBAL, second launch: reduce the span summaries of this sequence
+            mw, mm, mq = _span_reduce(ws_ptr, seq.to(tl.int64) * NSPAN * (3 * SC), NSPAN, offs_s, SC, WINDOW,
+                                      False)
+            if STORE_PREFIX:
+                if it == 0:
+                    tl.store(ppre, mw)
+                    tl.store(ppre + SC, mm)
+                    tl.store(ppre + 2 * SC, mq)
+            mean = mm[:, None] + tl.zeros([SC, BLOCK_T], tl.float32)
+            var = (mq / tl.where(mw > 0, mw, 1.0))[:, None] + tl.zeros([SC, BLOCK_T], tl.float32)
+        else:
+            sw, sm, sq = _frame_stats(xk, msk, POOL_ALL)
+            for c0 in range(BLOCK_C, CL, BLOCK_C):
+                xc, mc = _load(px, sxc, c0, offs_c, C, m_t, K)
+                cw_, cm_, cq_ = _frame_stats(xc, mc, POOL_ALL)
+                sw, sm, sq, _d = merge(sw, sm, sq, 1.0, cw_, cm_, cq_, 1.0)
+            if MODE != 0:
+                # running sums inside the tile, then its prefix: carried, the incoming state, or look-back
+                lw, l1, l2, D = _local_sums(_frame_weight(sw, m_t, POOL_ALL), sm, sq, log2d, BLOCK_T, SC,
+                                            POOL_ALL, MODE)
+                is_last = (tl.arange(0, BLOCK_T) == BLOCK_T - 1)[None, :]
+                aw, am, aq = _moments(_pick(lw, is_last) + tl.zeros([SC], tl.float64), _pick(l1, is_last),
+                                      _pick(l2, is_last))
+                prec = ws_ptr + rec0 + it.to(tl.int64) * (6 * SC) + offs_s
+                if STRIP:
+                    pw, pm, pq = cw, cm, cq
+                elif it == 0:
+                    pw, pm, pq = cw, cm, cq
+                else:
+                    _publish(prec, aw, am, aq, tag, 0, SC)
+                    pw, pm, pq = _lookback(ws_ptr, rec0, it, tag, d_tile, offs_s, SC, WINDOW, AGG_ONLY,
+                                           DETERMINISTIC, False)
+                cw, cm, cq, _ = merge(pw, pm, pq, 1.0, aw, am, aq, d_tile)
+                if not STRIP:
+                    _publish(prec, cw, cm, cq, tag, 1, SC)
+                if STORE_PREFIX:
+                    tl.store(ppre, pw)
+                    tl.store(ppre + SC, pm)
+                    tl.store(ppre + 2 * SC, pq)
+                sw, sm, sq = _with_prefix(lw, l1, l2, D, pw, pm, pq)
+            mean = sm
+            var = sq / tl.where(sw > 0, sw, 1.0)
+
+        # ---- normalize each chunk and write it once
+        r = _rstd(var, eps, EPS_OUTSIDE)
+        py = y_ptr + b64 * syb + offs_t.to(tl.int64)[None, :] * syt
+        in_t = offs_t < T  # padding frames are written as 0
+        _write_y(py, syc, xk, msk, mean, r, 0, offs_c, C, in_t, w_ptr, b_ptr, HAS_W, HAS_B)
         for c0 in range(BLOCK_C, CL, BLOCK_C):
             xc, mc = _load(px, sxc, c0, offs_c, C, m_t, K)
-            cw, cm, cq = _frame_stats(xc, mc, POOL_ALL)
-            sw, sm, sq, _d = merge(sw, sm, sq, 1.0, cw, cm, cq, 1.0)
-        if MODE != 0:
-            # running sums inside the tile, then the prefix: the incoming state (tile 0) or look-back
-            lw, l1, l2, D = _local_sums(_frame_weight(sw, m_t, POOL_ALL), sm, sq, log2d, BLOCK_T, SC, POOL_ALL, MODE)
-            is_last = (tl.arange(0, BLOCK_T) == BLOCK_T - 1)[None, :]
-            aw, am, aq = _moments(_pick(lw, is_last) + tl.zeros([SC], tl.float64), _pick(l1, is_last),
-                                  _pick(l2, is_last))
-            rec0 = seq.to(tl.int64) * NT * (6 * SC)
-            prec = ws_ptr + rec0 + it.to(tl.int64) * (6 * SC) + offs_s
-            d_tile = tl.exp2(log2d * BLOCK_T)
-            if it == 0:
-                pw = tl.zeros([SC], dtype=tl.float32)
-                pm = tl.zeros([SC], dtype=tl.float32)
-                pq = tl.zeros([SC], dtype=tl.float32)
-                if HAS_SIN:
-                    pw = tl.load(sin_ptr + s_off, mask=s_ok, other=0.0).to(tl.float32)
-                    pm = _state_mean(sin_ptr, s_off, s_ok, NS, K)
-                    pq = tl.load(sin_ptr + 2 * NS + s_off, mask=s_ok, other=0.0).to(tl.float32)
-            else:
-                _publish(prec, aw, am, aq, tag, 0, SC)
-                pw, pm, pq = _lookback(ws_ptr, rec0, it, tag, d_tile, offs_s, SC, WINDOW, AGG_ONLY, DETERMINISTIC, False)
-            iw, im, iq, _ = merge(pw, pm, pq, 1.0, aw, am, aq, d_tile)
-            _publish(prec, iw, im, iq, tag, 1, SC)
-            if STORE_PREFIX:
-                tl.store(ppre, pw)
-                tl.store(ppre + SC, pm)
-                tl.store(ppre + 2 * SC, pq)
-            sw, sm, sq = _with_prefix(lw, l1, l2, D, pw, pm, pq)
-        mean = sm
-        var = sq / tl.where(sw > 0, sw, 1.0)
+            _write_y(py, syc, xc, mc, mean, r, c0, offs_c, C, in_t, w_ptr, b_ptr, HAS_W, HAS_B)
 
-    # ---- normalize each chunk and write it once
-    r = _rstd(var, eps, EPS_OUTSIDE)
-    py = y_ptr + b64 * syb + offs_t.to(tl.int64)[None, :] * syt
-    in_t = offs_t < T  # padding frames are written as 0
-    _write_y(py, syc, xk, msk, mean, r, 0, offs_c, C, in_t, w_ptr, b_ptr, HAS_W, HAS_B)
-    for c0 in range(BLOCK_C, CL, BLOCK_C):
-        xc, mc = _load(px, sxc, c0, offs_c, C, m_t, K)
-        _write_y(py, syc, xc, mc, mean, r, c0, offs_c, C, in_t, w_ptr, b_ptr, HAS_W, HAS_B)
-
-    if STORE_SOUT:  # the state after frame length - 1, written by the tile that holds that frame
-        at = (offs_t == length - 1)[None, :]
-        if (t0 <= length - 1) & (length - 1 < t0 + BLOCK_T):
-            tl.store(sout_ptr + s_off, _pick(sw, at).to(tl.float64), mask=s_ok)
-            tl.store(sout_ptr + NS + s_off, _pick(sm, at).to(tl.float64) + tl.sum(K, axis=1).to(tl.float64),
-                     mask=s_ok)
-            tl.store(sout_ptr + 2 * NS + s_off, _pick(sq, at).to(tl.float64), mask=s_ok)
+        if STORE_SOUT:  # the state after frame length - 1, written by the tile that holds that frame
+            at = (offs_t == length - 1)[None, :]
+            if (t0 <= length - 1) & (length - 1 < t0 + BLOCK_T):
+                tl.store(sout_ptr + s_off, _pick(sw, at).to(tl.float64), mask=s_ok)
+                tl.store(sout_ptr + NS + s_off, _pick(sm, at).to(tl.float64) + tl.sum(K, axis=1).to(tl.float64),
+                         mask=s_ok)
+                tl.store(sout_ptr + 2 * NS + s_off, _pick(sq, at).to(tl.float64), mask=s_ok)
 
 
 @triton.jit
@@ -563,11 +555,11 @@ def running_norm_bwd(
     HAS_W: tl.constexpr, HAS_LEN: tl.constexpr, HAS_SIN: tl.constexpr, HAS_GSOUT: tl.constexpr,
     STORE_GW: tl.constexpr, EPS_OUTSIDE: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr, SPAN: tl.constexpr, WINDOW: tl.constexpr,
-    DETERMINISTIC: tl.constexpr = False, AGG_ONLY: tl.constexpr = False,
+    DETERMINISTIC: tl.constexpr = False, AGG_ONLY: tl.constexpr = False, STRIP: tl.constexpr = False,
 ):
     SC: tl.constexpr = 1 if POOL_ALL else BLOCK_C
-    it, vt, seq, tag, b64, offs_c, m_c, offs_s, length, s_off, s_ok, NS, K, CL = _tile(
-        ctr_ptr, x_ptr, len_ptr, sxb, sxc, B, C, T, NCB, NT, MODE, POOL_ALL, HAS_LEN, BLOCK_C, SC, True)
+    it, vt0, seq, tag, b64, offs_c, m_c, offs_s, length, s_off, s_ok, NS, K, CL = _tile(
+        ctr_ptr, x_ptr, len_ptr, sxb, sxc, B, C, T, NCB, NT, MODE, POOL_ALL, HAS_LEN, BLOCK_C, SC, True, STRIP)
     xb = x_ptr + b64 * sxb
     gyb = gy_ptr + b64 * sgb
     ppre = pre_ptr + seq.to(tl.int64) * NT * (3 * SC) + offs_s
@@ -596,115 +588,127 @@ def running_norm_bwd(
             tl.store(ws_ptr + rec + 2 * SC + offs_s, tl.zeros([SC], tl.float32))
             return
 
-    # ---- load the tile's first chunk of channels (kept in registers; pooled tiles read the others twice)
-    t0 = it * BLOCK_T
-    offs_t = t0 + tl.arange(0, BLOCK_T)
-    m_t = (offs_t < T) & (offs_t < length)
-    px = xb + offs_t.to(tl.int64)[None, :] * sxt
-    pg = gyb + offs_t.to(tl.int64)[None, :] * sgt
-    xk, msk = _load(px, sxc, 0, offs_c, C, m_t, K)
-    gy, _m = _load(pg, sgc, 0, offs_c, C, m_t, 0.0)
-    at = (offs_t == length - 1)[None, :]  # the frame of the outgoing state
+    # STRIP: the program walks every tile of its sequence from the last and carries the suffix sums (no
+    # ticket, no look-back); otherwise it owns one tile
+    ku = tl.zeros([SC], dtype=tl.float32)
+    kv = tl.zeros([SC], dtype=tl.float32)
+    kz = tl.zeros([SC], dtype=tl.float32)
+    rec0 = seq.to(tl.int64) * NT * (6 * SC)
     d1 = tl.exp2(log2d)
+    d_tile = tl.exp2(log2d * BLOCK_T)
+    for step in range(NT if STRIP else 1):
+        vt = vt0 + step
+        it = vt
+        if MODE == 1 or MODE == 2:
+            it = NT - 1 - vt
+        # ---- load the tile's first chunk of channels (kept in registers; pooled tiles read the others twice)
+        t0 = it * BLOCK_T
+        offs_t = t0 + tl.arange(0, BLOCK_T)
+        m_t = (offs_t < T) & (offs_t < length)
+        px = xb + offs_t.to(tl.int64)[None, :] * sxt
+        pg = gyb + offs_t.to(tl.int64)[None, :] * sgt
+        xk, msk = _load(px, sxc, 0, offs_c, C, m_t, K)
+        gy, _m = _load(pg, sgc, 0, offs_c, C, m_t, 0.0)
+        at = (offs_t == length - 1)[None, :]  # the frame of the outgoing state
 
-    # ---- each frame's statistics, A = sum(g) and G = sum(g (x - m_f)) (a co-moment, merged like M2)
-    if MODE == 3:
-        mean = mean1[:, None] + tl.zeros([SC, BLOCK_T], tl.float32)
-        var = var1[:, None] + tl.zeros([SC, BLOCK_T], tl.float32)
-        sw = gw_[:, None] + tl.zeros([SC, BLOCK_T], tl.float32)
-        r = _rstd(var, eps, EPS_OUTSIDE)
-        ta, tb, _ = _span_reduce(ws_ptr, seq.to(tl.int64) * NSPAN * (3 * SC), NSPAN, offs_s, SC, WINDOW, True)
-        A = ta[:, None] + tl.zeros([SC, BLOCK_T], tl.float32)
-        Bt = tb[:, None] + tl.zeros([SC, BLOCK_T], tl.float32)
-    else:
-        g = gy * _gamma(w_ptr, 0, offs_c, C, HAS_W)[:, None]  # dL/dxhat
-        sw, sm, sq = _frame_stats(xk, msk, POOL_ALL)
-        A = _group_sum(g, POOL_ALL)
-        G = _group_sum(g * tl.where(msk, xk - sm, 0.0), POOL_ALL)
+        # ---- each frame's statistics, A = sum(g) and G = sum(g (x - m_f)) (a co-moment, merged like M2)
+        if MODE == 3:
+            mean = mean1[:, None] + tl.zeros([SC, BLOCK_T], tl.float32)
+            var = var1[:, None] + tl.zeros([SC, BLOCK_T], tl.float32)
+            sw = gw_[:, None] + tl.zeros([SC, BLOCK_T], tl.float32)
+            r = _rstd(var, eps, EPS_OUTSIDE)
+            ta, tb, _ = _span_reduce(ws_ptr, seq.to(tl.int64) * NSPAN * (3 * SC), NSPAN, offs_s, SC, WINDOW, True)
+            A = ta[:, None] + tl.zeros([SC, BLOCK_T], tl.float32)
+            Bt = tb[:, None] + tl.zeros([SC, BLOCK_T], tl.float32)
+        else:
+            g = gy * _gamma(w_ptr, 0, offs_c, C, HAS_W)[:, None]  # dL/dxhat
+            sw, sm, sq = _frame_stats(xk, msk, POOL_ALL)
+            A = _group_sum(g, POOL_ALL)
+            G = _group_sum(g * tl.where(msk, xk - sm, 0.0), POOL_ALL)
+            for c0 in range(BLOCK_C, CL, BLOCK_C):
+                xc, mc = _load(px, sxc, c0, offs_c, C, m_t, K)
+                gc, _m = _load(pg, sgc, c0, offs_c, C, m_t, 0.0)
+                gc = gc * _gamma(w_ptr, c0, offs_c, C, HAS_W)[:, None]
+                cw, cm, cq = _frame_stats(xc, mc, POOL_ALL)
+                ca = _group_sum(gc, POOL_ALL)
+                cg = _group_sum(gc * tl.where(mc, xc - cm, 0.0), POOL_ALL)
+                nw, nm, nq, _d = merge(sw, sm, sq, 1.0, cw, cm, cq, 1.0)
+                G = G + cg + (sm - nm) * A + (cm - nm) * ca
+                A = A + ca
+                sw, sm, sq = nw, nm, nq
+            fm = sm  # each frame's own mean
+            if MODE != 0:
+                lw, l1, l2, D = _local_sums(_frame_weight(sw, m_t, POOL_ALL), sm, sq, log2d, BLOCK_T, SC, POOL_ALL, MODE)
+                ppt = ppre + it.to(tl.int64) * (3 * SC)
+                sw, sm, sq = _with_prefix(lw, l1, l2, D, tl.load(ppt), tl.load(ppt + SC), tl.load(ppt + 2 * SC))
+            mean = sm
+            var = sq / tl.where(sw > 0, sw, 1.0)
+            r = _rstd(var, eps, EPS_OUTSIDE)
+            Bt = r * (G + (fm - mean) * A)  # sum over the frame's channels of g * xhat
+
+        # ---- dL/dmu_t and dL/dvar_t of each frame's statistics
+        dmu = -r * A
+        if EPS_OUTSIDE:
+            dvar = -0.5 * Bt * r / tl.sqrt(tl.maximum(var, 1.1754944e-38))
+        else:
+            dvar = -0.5 * Bt * r * r
+        W = tl.where(sw > 0, sw, 1.0)
+        P = dmu / W  # coefficient of a_{t,tau} in dL/dx_tau
+        R = 2.0 * dvar / W  # coefficient of a_{t,tau} (x_tau - mu_t)
+        Z = tl.zeros([SC, BLOCK_T], tl.float32)
+        if HAS_GSOUT:  # the outgoing state (w, m, M2) at frame length - 1 depends on x too
+            gso_m = tl.load(gsout_ptr + NS + s_off, mask=s_ok, other=0.0).to(tl.float32)[:, None]
+            gso_q = tl.load(gsout_ptr + 2 * NS + s_off, mask=s_ok, other=0.0).to(tl.float32)[:, None]
+            P += tl.where(at, gso_m / W, 0.0)
+            R += tl.where(at, 2.0 * gso_q, 0.0)
+        if HAS_SIN:  # dL/dw_in needs sum_t d^t Z_t
+            pm_in = _state_mean(sin_ptr, s_off, s_ok, NS, K)[:, None]
+            dm_in = pm_in - mean
+            Z = P * dm_in + 0.5 * R * dm_in * dm_in - dvar / W * var
+            if HAS_GSOUT:
+                Z += tl.where(at, tl.load(gsout_ptr + s_off, mask=s_ok, other=0.0).to(tl.float32)[:, None], 0.0)
+        valid_t = m_t[None, :]
+        U = tl.where(valid_t, P - R * mean, 0.0)
+        V = tl.where(valid_t, R, 0.0)
+        Z = tl.where(valid_t, Z, 0.0)
+
+        # ---- suffix sums over later frames: U_tau = sum_{t >= tau} d^(t - tau) U_t, same for V and Z
+        if MODE == 1 or MODE == 2:
+            U, V, Z, sd = _scan(U, V, Z, d1 + tl.zeros([SC, BLOCK_T], tl.float32), BLOCK_T, SC, 1, True, True)
+            is_first = (tl.arange(0, BLOCK_T) == 0)[None, :]
+            au, av, az = _pick(U, is_first), _pick(V, is_first), _pick(Z, is_first)
+            prec = ws_ptr + rec0 + vt.to(tl.int64) * (6 * SC) + offs_s
+            if STRIP:
+                eu, ev, ez = ku, kv, kz
+            elif vt == 0:
+                eu, ev, ez = ku, kv, kz
+            else:
+                _publish(prec, au, av, az, tag, 0, SC)
+                eu, ev, ez = _lookback(ws_ptr, rec0, vt, tag, d_tile, offs_s, SC, WINDOW, AGG_ONLY,
+                                       DETERMINISTIC, True)
+            ku, kv, kz, _ = lin(eu, ev, ez, 1.0, au, av, az, d_tile)
+            if not STRIP:
+                _publish(prec, ku, kv, kz, tag, 1, SC)
+            U, V, Z, _ = lin(eu[:, None], ev[:, None], ez[:, None], 1.0, U, V, Z, sd)
+
+        # ---- dL/dx = g r + U + x V for each chunk, and the per-tile partials of dweight and dbias
+        pgx = gx_ptr + b64 * sdb + offs_t.to(tl.int64)[None, :] * sdt
+        pgw = (b64 * NT + it) * C + offs_c
+        in_t = offs_t < T
+        _write_gx(pgx, sdc, xk, msk, gy, mean, r, U, V, 0, offs_c, C, in_t, w_ptr, gwp_ptr, gbp_ptr, pgw, HAS_W,
+                  STORE_GW)
         for c0 in range(BLOCK_C, CL, BLOCK_C):
             xc, mc = _load(px, sxc, c0, offs_c, C, m_t, K)
             gc, _m = _load(pg, sgc, c0, offs_c, C, m_t, 0.0)
-            gc = gc * _gamma(w_ptr, c0, offs_c, C, HAS_W)[:, None]
-            cw, cm, cq = _frame_stats(xc, mc, POOL_ALL)
-            ca = _group_sum(gc, POOL_ALL)
-            cg = _group_sum(gc * tl.where(mc, xc - cm, 0.0), POOL_ALL)
-            nw, nm, nq, _d = merge(sw, sm, sq, 1.0, cw, cm, cq, 1.0)
-            G = G + cg + (sm - nm) * A + (cm - nm) * ca
-            A = A + ca
-            sw, sm, sq = nw, nm, nq
-        fm = sm  # each frame's own mean
-        if MODE != 0:
-            lw, l1, l2, D = _local_sums(_frame_weight(sw, m_t, POOL_ALL), sm, sq, log2d, BLOCK_T, SC, POOL_ALL, MODE)
-            ppt = ppre + it.to(tl.int64) * (3 * SC)
-            sw, sm, sq = _with_prefix(lw, l1, l2, D, tl.load(ppt), tl.load(ppt + SC), tl.load(ppt + 2 * SC))
-        mean = sm
-        var = sq / tl.where(sw > 0, sw, 1.0)
-        r = _rstd(var, eps, EPS_OUTSIDE)
-        Bt = r * (G + (fm - mean) * A)  # sum over the frame's channels of g * xhat
+            _write_gx(pgx, sdc, xc, mc, gc, mean, r, U, V, c0, offs_c, C, in_t, w_ptr, gwp_ptr, gbp_ptr, pgw,
+                      HAS_W, STORE_GW)
 
-    # ---- dL/dmu_t and dL/dvar_t of each frame's statistics
-    dmu = -r * A
-    if EPS_OUTSIDE:
-        dvar = -0.5 * Bt * r / tl.sqrt(tl.maximum(var, 1.1754944e-38))
-    else:
-        dvar = -0.5 * Bt * r * r
-    W = tl.where(sw > 0, sw, 1.0)
-    P = dmu / W  # coefficient of a_{t,tau} in dL/dx_tau
-    R = 2.0 * dvar / W  # coefficient of a_{t,tau} (x_tau - mu_t)
-    Z = tl.zeros([SC, BLOCK_T], tl.float32)
-    if HAS_GSOUT:  # the outgoing state (w, m, M2) at frame length - 1 depends on x too
-        gso_m = tl.load(gsout_ptr + NS + s_off, mask=s_ok, other=0.0).to(tl.float32)[:, None]
-        gso_q = tl.load(gsout_ptr + 2 * NS + s_off, mask=s_ok, other=0.0).to(tl.float32)[:, None]
-        P += tl.where(at, gso_m / W, 0.0)
-        R += tl.where(at, 2.0 * gso_q, 0.0)
-    if HAS_SIN:  # dL/dw_in needs sum_t d^t Z_t
-        pm_in = _state_mean(sin_ptr, s_off, s_ok, NS, K)[:, None]
-        dm_in = pm_in - mean
-        Z = P * dm_in + 0.5 * R * dm_in * dm_in - dvar / W * var
-        if HAS_GSOUT:
-            Z += tl.where(at, tl.load(gsout_ptr + s_off, mask=s_ok, other=0.0).to(tl.float32)[:, None], 0.0)
-    valid_t = m_t[None, :]
-    U = tl.where(valid_t, P - R * mean, 0.0)
-    V = tl.where(valid_t, R, 0.0)
-    Z = tl.where(valid_t, Z, 0.0)
-
-    # ---- suffix sums over later frames: U_tau = sum_{t >= tau} d^(t - tau) U_t, same for V and Z
-    if MODE == 1 or MODE == 2:
-        U, V, Z, sd = _scan(U, V, Z, d1 + tl.zeros([SC, BLOCK_T], tl.float32), BLOCK_T, SC, 1, True, True)
-        is_first = (tl.arange(0, BLOCK_T) == 0)[None, :]
-        au, av, az = _pick(U, is_first), _pick(V, is_first), _pick(Z, is_first)
-        rec0 = seq.to(tl.int64) * NT * (6 * SC)
-        prec = ws_ptr + rec0 + vt.to(tl.int64) * (6 * SC) + offs_s
-        d_tile = tl.exp2(log2d * BLOCK_T)
-        if vt == 0:
-            eu = tl.zeros([SC], dtype=tl.float32)
-            ev = tl.zeros([SC], dtype=tl.float32)
-            ez = tl.zeros([SC], dtype=tl.float32)
-        else:
-            _publish(prec, au, av, az, tag, 0, SC)
-            eu, ev, ez = _lookback(ws_ptr, rec0, vt, tag, d_tile, offs_s, SC, WINDOW, AGG_ONLY, DETERMINISTIC, True)
-        iu, iv, iz, _ = lin(eu, ev, ez, 1.0, au, av, az, d_tile)
-        _publish(prec, iu, iv, iz, tag, 1, SC)
-        U, V, Z, _ = lin(eu[:, None], ev[:, None], ez[:, None], 1.0, U, V, Z, sd)
-
-    # ---- dL/dx = g r + U + x V for each chunk, and the per-tile partials of dweight and dbias
-    pgx = gx_ptr + b64 * sdb + offs_t.to(tl.int64)[None, :] * sdt
-    pgw = (b64 * NT + it) * C + offs_c
-    in_t = offs_t < T
-    _write_gx(pgx, sdc, xk, msk, gy, mean, r, U, V, 0, offs_c, C, in_t, w_ptr, gwp_ptr, gbp_ptr, pgw, HAS_W,
-              STORE_GW)
-    for c0 in range(BLOCK_C, CL, BLOCK_C):
-        xc, mc = _load(px, sxc, c0, offs_c, C, m_t, K)
-        gc, _m = _load(pg, sgc, c0, offs_c, C, m_t, 0.0)
-        _write_gx(pgx, sdc, xc, mc, gc, mean, r, U, V, c0, offs_c, C, in_t, w_ptr, gwp_ptr, gbp_ptr, pgw,
-                  HAS_W, STORE_GW)
-
-    if HAS_SIN and (MODE == 1 or MODE == 2):  # the incoming state is frame -1 of weight d^(t+1)
-        if it == 0:
-            is_first = (tl.arange(0, BLOCK_T) == 0)[None, :]
-            u0, v0, z0 = _pick(U, is_first), _pick(V, is_first), _pick(Z, is_first)
-            w_in = tl.load(sin_ptr + s_off, mask=s_ok, other=0.0).to(tl.float32)
-            pm0 = tl.sum(pm_in, axis=1)
-            tl.store(gsin_ptr + s_off, (d1 * z0).to(tl.float64), mask=s_ok)
-            tl.store(gsin_ptr + NS + s_off, (w_in * d1 * (u0 + pm0 * v0)).to(tl.float64), mask=s_ok)
-            tl.store(gsin_ptr + 2 * NS + s_off, (0.5 * d1 * v0).to(tl.float64), mask=s_ok)
+        if HAS_SIN and (MODE == 1 or MODE == 2):  # the incoming state is frame -1 of weight d^(t+1)
+            if it == 0:
+                is_first = (tl.arange(0, BLOCK_T) == 0)[None, :]
+                u0, v0, z0 = _pick(U, is_first), _pick(V, is_first), _pick(Z, is_first)
+                w_in = tl.load(sin_ptr + s_off, mask=s_ok, other=0.0).to(tl.float32)
+                pm0 = tl.sum(pm_in, axis=1)
+                tl.store(gsin_ptr + s_off, (d1 * z0).to(tl.float64), mask=s_ok)
+                tl.store(gsin_ptr + NS + s_off, (w_in * d1 * (u0 + pm0 * v0)).to(tl.float64), mask=s_ok)
+                tl.store(gsin_ptr + 2 * NS + s_off, (0.5 * d1 * v0).to(tl.float64), mask=s_ok)

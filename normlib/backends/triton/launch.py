@@ -12,18 +12,20 @@ import triton
 from .kernels import running_norm_bwd, running_norm_fwd
 
 FRAME, CUMULATIVE, EMA, GLOBAL = 0, 1, 2, 3
+STRIP_PER_SM = 4  # running modes walk each sequence in one program when there are this many per SM
 _OVERRIDE: dict = {}
 _WORKSPACES: dict = {}
 _TILES: dict = {}
 
 
 @contextlib.contextmanager
-def tile_size(block_t=None, block_c=None, window=None, span=None, walk=None, warps=None):
+def tile_size(block_t=None, block_c=None, window=None, span=None, walk=None, warps=None, strip=None):
     """Force tile sizes (tests use small tiles so that the look-back runs on small inputs); ``walk``
-    makes the look-back ignore published prefixes but tile 0's, so it crosses several windows."""
+    makes the look-back ignore published prefixes but tile 0's, so it crosses several windows; ``strip``
+    forces (True) or forbids (False) one program per sequence in the running modes."""
     old = dict(_OVERRIDE)
     _OVERRIDE.update({k: v for k, v in dict(block_t=block_t, block_c=block_c, window=window, span=span,
-                                            walk=walk, warps=warps).items() if v is not None})
+                                            walk=walk, warps=warps, strip=strip).items() if v is not None})
     try:
         yield
     finally:
@@ -51,7 +53,7 @@ def choose_tiles(C, T, per_channel, channels_last, device, frame=False):
     tiles hold up to 512 channels in registers at once (no second read from L2)."""
     c2, t2 = triton.next_power_of_2(max(C, 1)), triton.next_power_of_2(max(T, 1))
     if per_channel:
-        block_c = min(32 if channels_last else 16, c2)
+        block_c = min(32 if channels_last else 4, c2)
         block_t = min(t2, 64 if channels_last else 128)
     elif frame and c2 <= 512:
         block_c, block_t = c2, min(t2, 32)
@@ -88,7 +90,7 @@ class Plan(NamedTuple):
 
 def tiles_for(x, per_channel, decay=None) -> list[int]:
     """The launch choices for x, as ints an op can carry: [block_c, block_t, warps, window, span, walk,
-    deterministic]. Forward and backward take the same list, so they always agree on the tiling. Eager
+    deterministic, strip]. Forward and backward take the same list, so they always agree on the tiling. Eager
     calls look them up in a cache (the host path of a small call is longer than its kernel)."""
     if torch.compiler.is_compiling():
         return _tiles_for(x, per_channel, decay)
@@ -112,7 +114,8 @@ def _tiles_for(x, per_channel, decay) -> list[int]:
     span = _OVERRIDE.get("span", max(1, triton.cdiv(triton.cdiv(T, bt), want)))
     deterministic = torch.are_deterministic_algorithms_enabled()
     walk = bool(_OVERRIDE.get("walk")) and not deterministic  # a walk would hide the prefix it waits for
-    return [bc, bt, warps, window, span, int(walk), int(deterministic)]
+    strip = time_mode(decay) in (CUMULATIVE, EMA) and _OVERRIDE.get("strip", B * ncb >= STRIP_PER_SM * _num_sms(x.device))
+    return [bc, bt, warps, window, span, int(walk), int(deterministic), int(strip)]
 
 
 def plan(shape, per_channel, decay, tiles) -> Plan:
@@ -152,8 +155,9 @@ def _workspace(device, n_words):
 
 def _launch(kernel, p: Plan, tiles, x, B, per_channel, **kw):
     """Run the kernel: one launch with the look-back, or GLOBAL's two, or a plain grid for FRAME."""
+    strip = bool(tiles[7])
     flags = dict(POOL_ALL=not per_channel, MODE=p.mode, BLOCK_C=p.block_c, BLOCK_T=p.block_t, WINDOW=p.window,
-                 DETERMINISTIC=bool(tiles[6]), AGG_ONLY=bool(tiles[5]), num_warps=p.warps)
+                 DETERMINISTIC=bool(tiles[6]), AGG_ONLY=bool(tiles[5]), STRIP=strip, num_warps=p.warps)
     sizes = dict(B=B, C=x.shape[1], T=x.shape[2], NCB=p.ncb, NT=p.nt, NSPAN=p.nspan, log2d=p.log2d)
     if p.mode == GLOBAL:
         ws = torch.empty(B * p.ncb * p.nspan * 3 * p.sc, dtype=torch.float32, device=x.device)
@@ -161,6 +165,8 @@ def _launch(kernel, p: Plan, tiles, x, B, per_channel, **kw):
             kernel[grid](**kw, ws_ptr=ws, ctr_ptr=ws, **sizes, PHASE=phase, SPAN=p.span, **flags)
     elif p.mode == FRAME:
         kernel[(B * p.ncb * p.nt,)](**kw, ws_ptr=x, ctr_ptr=x, **sizes, PHASE=0, SPAN=1, **flags)
+    elif strip:  # one program per sequence walks its tiles
+        kernel[(B * p.ncb,)](**kw, ws_ptr=x, ctr_ptr=x, **sizes, PHASE=0, SPAN=1, **flags)
     else:
         ws, ctr = _workspace(x.device, B * p.ncb * p.nt * 6 * p.sc)
         kernel[(B * p.ncb * p.nt,)](**kw, ws_ptr=ws, ctr_ptr=ctr, **sizes, PHASE=0, SPAN=1,

@@ -2,7 +2,7 @@
 
     PYTHONPATH=. ncu --section SpeedOfLight --section Occupancy --section LaunchStats \
         --section WarpStateStats -k regex:running_norm --launch-skip 2 --launch-count 1 \
-        python benchmarks/profile.py --norm ccln --shape 16,512,16000 [--bwd] [--block-c 8 --block-t 256]
+        python benchmarks/ncu_run.py --norm ccln --shape 16,512,16000 [--bwd] [--block-c 8 --block-t 256]
 """
 from __future__ import annotations
 
