@@ -297,10 +297,13 @@ def _state_mean(sin_ptr, s_off, s_ok, NS, K):
 @triton.jit
 def _frame_stats(xk, msk, POOL_ALL: tl.constexpr):
     """f_t = (n, m_f, M2_f) of each frame, [SC, BLOCK_T]; padding frames weigh 0."""
-    fn = _group_sum(msk.to(tl.float32), POOL_ALL)
-    fm = _group_sum(xk, POOL_ALL) / tl.where(fn > 0, fn, 1.0)
-    dev = tl.where(msk, xk - fm, 0.0)
-    return fn, fm, _group_sum(dev * dev, POOL_ALL)  # M2_f is zero per channel
+    if POOL_ALL:
+        fn = _group_sum(msk.to(tl.float32), POOL_ALL)
+        fm = _group_sum(xk, POOL_ALL) / tl.where(fn > 0, fn, 1.0)
+        dev = tl.where(msk, xk - fm, 0.0)
+        return fn, fm, _group_sum(dev * dev, POOL_ALL)
+    else:  # a frame of one channel is one value (xk is 0 at padding)
+        return msk.to(tl.float32), xk, tl.zeros(xk.shape, tl.float32)
 
 
 @triton.jit
@@ -322,7 +325,9 @@ def _local_sums(n, fm, fq, log2d, BLOCK_T: tl.constexpr, SC: tl.constexpr, POOL_
     incoming prefix. Float64 sums of the K-shifted values: a scan of additions, where a scan of Chan
     merges costs a division per step."""
     ts = tl.arange(0, BLOCK_T)[None, :]
-    D = tl.exp2(log2d * (ts + 1).to(tl.float32))
+    D = 1.0  # CUMULATIVE: nothing decays
+    if MODE == 2:
+        D = tl.exp2(log2d * (ts + 1).to(tl.float32))
     d = tl.exp2(log2d)
     m = fm.to(tl.float64)
     if POOL_ALL:
@@ -342,17 +347,19 @@ def _local_sums(n, fm, fq, log2d, BLOCK_T: tl.constexpr, SC: tl.constexpr, POOL_
 
 @triton.jit
 def _moments(w, s1, s2):
-    """Float64 sums (W, S1, S2) -> float32 (w, mean, M2). 1/W: float32, then a float64 Newton step."""
+    """Float64 sums (W, S1, S2) -> float32 (w, mean, M2, var, 1/w) (1/w is 1 where w is 0). 1/W: float32,
+    then a float64 Newton step."""
     wf = w.to(tl.float32)
     inv = (1.0 / tl.where(wf > 0, wf, 1.0)).to(tl.float64)
-    inv = inv * (2.0 - w * inv)
+    inv = inv * (2.0 - tl.where(wf > 0, w, 1.0) * inv)
     mean = s1 * inv
-    return wf, mean.to(tl.float32), (s2 - s1 * mean).to(tl.float32)
+    m2 = s2 - s1 * mean
+    return wf, mean.to(tl.float32), m2.to(tl.float32), (m2 * inv).to(tl.float32), inv.to(tl.float32)
 
 
 @triton.jit
 def _with_prefix(lw, l1, l2, D, pw, pm, pq):
-    """(w, mean, M2) at every frame: a tile's running sums with its incoming prefix [SC] decayed in."""
+    """_moments at every frame: a tile's running sums with its incoming prefix [SC] decayed in."""
     w0 = pw.to(tl.float64)[:, None]
     m0 = pm.to(tl.float64)[:, None]
     return _moments(lw + w0 * D, l1 + w0 * m0 * D, l2 + (pq.to(tl.float64)[:, None] + w0 * m0 * m0) * D)
@@ -493,8 +500,8 @@ def running_norm_fwd(
                 lw, l1, l2, D = _local_sums(_frame_weight(sw, m_t, POOL_ALL), sm, sq, log2d, BLOCK_T, SC,
                                             POOL_ALL, MODE)
                 is_last = (tl.arange(0, BLOCK_T) == BLOCK_T - 1)[None, :]
-                aw, am, aq = _moments(_pick(lw, is_last) + tl.zeros([SC], tl.float64), _pick(l1, is_last),
-                                      _pick(l2, is_last))
+                aw, am, aq, _v, _r = _moments(_pick(lw, is_last) + tl.zeros([SC], tl.float64),
+                                              _pick(l1, is_last), _pick(l2, is_last))
                 prec = ws_ptr + rec0 + it.to(tl.int64) * (6 * SC) + offs_s
                 if STRIP:
                     pw, pm, pq = cw, cm, cq
@@ -511,9 +518,10 @@ def running_norm_fwd(
                     tl.store(ppre, pw)
                     tl.store(ppre + SC, pm)
                     tl.store(ppre + 2 * SC, pq)
-                sw, sm, sq = _with_prefix(lw, l1, l2, D, pw, pm, pq)
+                sw, sm, sq, var, _r = _with_prefix(lw, l1, l2, D, pw, pm, pq)
+            else:
+                var = sq / tl.where(sw > 0, sw, 1.0)
             mean = sm
-            var = sq / tl.where(sw > 0, sw, 1.0)
 
         # ---- normalize each chunk and write it once
         r = _rstd(var, eps, EPS_OUTSIDE)
@@ -616,6 +624,7 @@ def running_norm_bwd(
             mean = mean1[:, None] + tl.zeros([SC, BLOCK_T], tl.float32)
             var = var1[:, None] + tl.zeros([SC, BLOCK_T], tl.float32)
             sw = gw_[:, None] + tl.zeros([SC, BLOCK_T], tl.float32)
+            rW = 1.0 / tl.where(sw > 0, sw, 1.0)
             r = _rstd(var, eps, EPS_OUTSIDE)
             ta, tb, _ = _span_reduce(ws_ptr, seq.to(tl.int64) * NSPAN * (3 * SC), NSPAN, offs_s, SC, WINDOW, True)
             A = ta[:, None] + tl.zeros([SC, BLOCK_T], tl.float32)
@@ -640,9 +649,12 @@ def running_norm_bwd(
             if MODE != 0:
                 lw, l1, l2, D = _local_sums(_frame_weight(sw, m_t, POOL_ALL), sm, sq, log2d, BLOCK_T, SC, POOL_ALL, MODE)
                 ppt = ppre + it.to(tl.int64) * (3 * SC)
-                sw, sm, sq = _with_prefix(lw, l1, l2, D, tl.load(ppt), tl.load(ppt + SC), tl.load(ppt + 2 * SC))
+                sw, sm, sq, var, rW = _with_prefix(lw, l1, l2, D, tl.load(ppt), tl.load(ppt + SC),
+                                                   tl.load(ppt + 2 * SC))
+            else:
+                rW = 1.0 / tl.where(sw > 0, sw, 1.0)
+                var = sq * rW
             mean = sm
-            var = sq / tl.where(sw > 0, sw, 1.0)
             r = _rstd(var, eps, EPS_OUTSIDE)
             Bt = r * (G + (fm - mean) * A)  # sum over the frame's channels of g * xhat
 
@@ -652,19 +664,18 @@ def running_norm_bwd(
             dvar = -0.5 * Bt * r / tl.sqrt(tl.maximum(var, 1.1754944e-38))
         else:
             dvar = -0.5 * Bt * r * r
-        W = tl.where(sw > 0, sw, 1.0)
-        P = dmu / W  # coefficient of a_{t,tau} in dL/dx_tau
-        R = 2.0 * dvar / W  # coefficient of a_{t,tau} (x_tau - mu_t)
+        P = dmu * rW  # coefficient of a_{t,tau} in dL/dx_tau
+        R = 2.0 * dvar * rW  # coefficient of a_{t,tau} (x_tau - mu_t)
         Z = tl.zeros([SC, BLOCK_T], tl.float32)
         if HAS_GSOUT:  # the outgoing state (w, m, M2) at frame length - 1 depends on x too
             gso_m = tl.load(gsout_ptr + NS + s_off, mask=s_ok, other=0.0).to(tl.float32)[:, None]
             gso_q = tl.load(gsout_ptr + 2 * NS + s_off, mask=s_ok, other=0.0).to(tl.float32)[:, None]
-            P += tl.where(at, gso_m / W, 0.0)
+            P += tl.where(at, gso_m * rW, 0.0)
             R += tl.where(at, 2.0 * gso_q, 0.0)
         if HAS_SIN:  # dL/dw_in needs sum_t d^t Z_t
             pm_in = _state_mean(sin_ptr, s_off, s_ok, NS, K)[:, None]
             dm_in = pm_in - mean
-            Z = P * dm_in + 0.5 * R * dm_in * dm_in - dvar / W * var
+            Z = P * dm_in + 0.5 * R * dm_in * dm_in - dvar * rW * var
             if HAS_GSOUT:
                 Z += tl.where(at, tl.load(gsout_ptr + s_off, mask=s_ok, other=0.0).to(tl.float32)[:, None], 0.0)
         valid_t = m_t[None, :]
