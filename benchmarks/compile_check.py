@@ -3,14 +3,24 @@ for sm_90, without a GPU: catches Triton compiler failures (e.g. version-specifi
 before a GPU session is spent on them. Each compile runs in its own process (an assert aborts it).
 
     PYTHONPATH=. python benchmarks/compile_check.py [--jobs N]
+
+With --resources, it prints each compile's registers, spill stack and static SASS instruction count
+(Triton's bundled cuobjdump), a GPU-free proxy for a kernel's arithmetic and occupancy, e.g.
+
+    PYTHONPATH=. python benchmarks/compile_check.py --resources --shape 16,512,16000 \
+        --match POOL_ALL=False,MODE=1,HAS_W=False,layout=bct
 """
 from __future__ import annotations
 
 import argparse
+import collections
 import inspect
 import itertools
 import multiprocessing as mp
+import os
+import subprocess
 import sys
+import tempfile
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -71,12 +81,29 @@ def compile_one(args):
                 attrs[(i,)] = [["tt.divisibility", 16]]
     src = ASTSource(fn=kernel, signature=sig, constexprs=c, attrs=attrs)
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
-    return k.metadata.shared
+    return k
 
 
-def _child(args, q):
+def resources(k) -> str:
+    """Registers, spill stack and SASS instruction count (the 6 most frequent opcodes) of a compile."""
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(k.asm["cubin"])
+        f.flush()
+        res = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
+        sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True).stdout
+    usage = " ".join(w for line in res.splitlines() if "REG:" in line for w in line.split()
+                     if w.startswith(("REG:", "STACK:")))
+    ops = [line.split("*/")[1].split(";")[0].split() for line in sass.splitlines()
+           if line.strip().startswith("/*") and ";" in line]
+    ops = collections.Counter((o[1] if o[0].startswith("@") else o[0]).split(".")[0] for o in ops if o)
+    return f"{usage} SASS:{sum(ops.values())} " + " ".join(f"{n}:{c}" for n, c in ops.most_common(6))
+
+
+def _child(args, q, report):
     try:
-        q.put(("ok", compile_one(args)))
+        k = compile_one(args)
+        q.put(("ok", resources(k) if report else ""))
     except Exception as e:  # noqa: BLE001
         q.put(("error", str(e).splitlines()[-1][:200]))
 
@@ -85,8 +112,20 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--limit", type=int, default=0, help="compile only every n-th specialization")
+    p.add_argument("--resources", action="store_true", help="print registers and SASS counts")
+    p.add_argument("--shape", help="B,C,T: only this benchmark shape")
+    p.add_argument("--match", default="", help="NAME=VALUE,...: constexpr values (and layout=bct|btc) to keep")
     a = p.parse_args()
     todo = list(configs())
+    if a.shape:
+        B, C, T = (int(v) for v in a.shape.split(","))
+        todo = [t for t in todo if (t[2]["B"], t[2]["C"], t[2]["T"]) == (B, C, T)]
+    for cond in filter(None, a.match.split(",")):
+        key, val = cond.split("=")
+        if key == "layout":
+            todo = [t for t in todo if (t[2]["sxc"] == 1) == (val == "btc")]
+        else:
+            todo = [t for t in todo if str(t[1].get(key)) == val]
     if a.limit:
         todo = todo[::a.limit]
     print(f"triton {triton.__version__}: {len(todo)} specializations", flush=True)
@@ -96,12 +135,17 @@ def main():
         procs = []
         for args in todo[i:i + a.jobs]:
             q = ctx.Queue()
-            pr = ctx.Process(target=_child, args=(args, q))
+            pr = ctx.Process(target=_child, args=(args, q, a.resources))
             pr.start()
             procs.append((args, pr, q))
         for args, pr, q in procs:
             pr.join()
             res = q.get() if pr.exitcode == 0 else ("crash", f"exit code {pr.exitcode}")
+            if res[0] == "ok" and a.resources:
+                kernel, const, ints, dt, warps, _ = args
+                print(kernel.fn.__name__, dt, "btc" if ints["sxc"] == 1 else "bct", f"warps={warps}",
+                      {k: const[k] for k in ("POOL_ALL", "MODE", "PHASE", "BLOCK_C", "BLOCK_T", "STRIP", "HAS_W")},
+                      res[1], flush=True)
             if res[0] != "ok":
                 bad += 1
                 kernel, const, ints, dt, warps, _ = args
