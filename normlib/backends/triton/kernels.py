@@ -192,6 +192,27 @@ def _lookback(ws_ptr, rec0, tile, tag, d_tile, offs_s, SC: tl.constexpr, WINDOW:
 
 
 @triton.jit
+def _prefix(ws_ptr, rec0, k, tag, ca, cb, cc, aa, ab, ac, d_tile, offs_s, SC: tl.constexpr, WINDOW: tl.constexpr,
+            AGG_ONLY: tl.constexpr, DETERMINISTIC: tl.constexpr, LINEAR: tl.constexpr, STRIP: tl.constexpr):
+    """A tile's exclusive prefix and its inclusive one (the exclusive combined with the tile's aggregate
+    a), [SC] each. The exclusive prefix is the carry c: the previous tile's inclusive prefix (STRIP walks
+    a sequence in one program) or the sequence's start (tile k == 0 in walk order); other tiles publish
+    their aggregate and look back. Look-back tiles publish their inclusive prefix for their successors."""
+    prec = ws_ptr + rec0 + k.to(tl.int64) * (6 * SC) + offs_s
+    if STRIP:
+        pa, pb, pc = ca, cb, cc
+    elif k == 0:
+        pa, pb, pc = ca, cb, cc
+    else:
+        _publish(prec, aa, ab, ac, tag, 0, SC)
+        pa, pb, pc = _lookback(ws_ptr, rec0, k, tag, d_tile, offs_s, SC, WINDOW, AGG_ONLY, DETERMINISTIC, LINEAR)
+    ia, ib, ic, _ = _combine(pa, pb, pc, 1.0, aa, ab, ac, d_tile, LINEAR)
+    if not STRIP:
+        _publish(prec, ia, ib, ic, tag, 1, SC)
+    return pa, pb, pc, ia, ib, ic
+
+
+@triton.jit
 def _span_reduce(ws_ptr, rec0, NSPAN, offs_s, SC: tl.constexpr, WINDOW: tl.constexpr,
                  LINEAR: tl.constexpr):
     """Combine the NSPAN span summaries of one sequence (GLOBAL: no decay), [SC] each."""
@@ -502,18 +523,8 @@ def running_norm_fwd(
                 is_last = (tl.arange(0, BLOCK_T) == BLOCK_T - 1)[None, :]
                 aw, am, aq, _v, _r = _moments(_pick(lw, is_last) + tl.zeros([SC], tl.float64),
                                               _pick(l1, is_last), _pick(l2, is_last))
-                prec = ws_ptr + rec0 + it.to(tl.int64) * (6 * SC) + offs_s
-                if STRIP:
-                    pw, pm, pq = cw, cm, cq
-                elif it == 0:
-                    pw, pm, pq = cw, cm, cq
-                else:
-                    _publish(prec, aw, am, aq, tag, 0, SC)
-                    pw, pm, pq = _lookback(ws_ptr, rec0, it, tag, d_tile, offs_s, SC, WINDOW, AGG_ONLY,
-                                           DETERMINISTIC, False)
-                cw, cm, cq, _ = merge(pw, pm, pq, 1.0, aw, am, aq, d_tile)
-                if not STRIP:
-                    _publish(prec, cw, cm, cq, tag, 1, SC)
+                pw, pm, pq, cw, cm, cq = _prefix(ws_ptr, rec0, it, tag, cw, cm, cq, aw, am, aq, d_tile, offs_s,
+                                                 SC, WINDOW, AGG_ONLY, DETERMINISTIC, False, STRIP)
                 if STORE_PREFIX:
                     tl.store(ppre, pw)
                     tl.store(ppre + SC, pm)
@@ -688,18 +699,8 @@ def running_norm_bwd(
             U, V, Z, sd = _scan(U, V, Z, d1 + tl.zeros([SC, BLOCK_T], tl.float32), BLOCK_T, SC, 1, True, True)
             is_first = (tl.arange(0, BLOCK_T) == 0)[None, :]
             au, av, az = _pick(U, is_first), _pick(V, is_first), _pick(Z, is_first)
-            prec = ws_ptr + rec0 + vt.to(tl.int64) * (6 * SC) + offs_s
-            if STRIP:
-                eu, ev, ez = ku, kv, kz
-            elif vt == 0:
-                eu, ev, ez = ku, kv, kz
-            else:
-                _publish(prec, au, av, az, tag, 0, SC)
-                eu, ev, ez = _lookback(ws_ptr, rec0, vt, tag, d_tile, offs_s, SC, WINDOW, AGG_ONLY,
-                                       DETERMINISTIC, True)
-            ku, kv, kz, _ = lin(eu, ev, ez, 1.0, au, av, az, d_tile)
-            if not STRIP:
-                _publish(prec, ku, kv, kz, tag, 1, SC)
+            eu, ev, ez, ku, kv, kz = _prefix(ws_ptr, rec0, vt, tag, ku, kv, kz, au, av, az, d_tile, offs_s, SC,
+                                             WINDOW, AGG_ONLY, DETERMINISTIC, True, STRIP)
             U, V, Z, _ = lin(eu[:, None], ev[:, None], ez[:, None], 1.0, U, V, Z, sd)
 
         # ---- dL/dx = g r + U + x V for each chunk, and the per-tile partials of dweight and dbias
