@@ -458,6 +458,22 @@ def test_default_tiles_match_the_torch_backend_and_the_reference():
         assert_rel(y, run(name, x), TOL[F32], name)
 
 
+def test_launcher_walks_sequences_in_one_program_only_when_there_are_enough():
+    """Strip (one program per sequence) for CUMULATIVE and EMA once there are STRIP_PER_SM sequences (or
+    channel blocks) per SM; look-back below that; never for FRAME and GLOBAL. Both give the reference."""
+    sms = launch._num_sms(torch.device(DEVICE))
+    need = launch.STRIP_PER_SM * sms
+    few, many = make_x(2, 3, 20), make_x(need, 3, 20)
+    for per_channel, decay in ((False, 1.0), (True, 0.5)):
+        assert launch.tiles_for(dev(few), per_channel, decay)[7] == 0
+        assert launch.tiles_for(dev(many), per_channel, decay)[7] == 1
+    for decay in (0.0, None):
+        assert launch.tiles_for(dev(many), False, decay)[7] == 0
+    with tile_size(block_t=8):
+        for name in ("cln", "ccemaln"):
+            check_output(tri(name, dev(many)), dev(many), ref(name, many), F32, name)
+
+
 EDGE_SHAPES = [
     pytest.param((1, 1, 1), id="B1-C1-T1"),
     pytest.param((2, 1, 17), id="B2-C1-T17"),

@@ -77,6 +77,17 @@ def _scan(w, m, q, d, N: tl.constexpr, SC: tl.constexpr, AXIS: tl.constexpr, LIN
 
 
 @triton.jit
+def _cumsum(v, N: tl.constexpr, SC: tl.constexpr, REVERSE: tl.constexpr):
+    """Inclusive running sums along axis 1 of [SC, N] (REVERSE: from the end), as _scan for SC == 1."""
+    if N == 1:
+        return v
+    elif SC == 1:
+        return tl.reshape(tl.cumsum(tl.reshape(v, [N]), axis=0, reverse=REVERSE), [1, N])
+    else:
+        return tl.cumsum(v, axis=1, reverse=REVERSE)
+
+
+@triton.jit
 def _pack(v, tag):
     # [tag | float bits] in one int64 word: a single-copy-atomic load sees both or neither
     return (tag.to(tl.int64) << 32) | (v.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF)
@@ -340,7 +351,8 @@ def _frame_weight(fn, m_t, POOL_ALL: tl.constexpr):
 @triton.jit
 def _local_sums(n, fm, fq, log2d, BLOCK_T: tl.constexpr, SC: tl.constexpr, POOL_ALL: tl.constexpr,
                 MODE: tl.constexpr):
-    """Running sums of a tile's frames from its first one: (W, S1, S2, D) with W = sum d^(t-tau) n,
+    """Running sums of a tile's frames from its first one, and their totals: (W, S1, S2, D, W_L, S1_L, S2_L)
+    with W = sum d^(t-tau) n,
     S1 = sum d^(t-tau) n m, S2 = sum d^(t-tau) (M2 + n m^2) over the frames' (n, m, M2) ([1, BLOCK_T]
     pooled, [SC, BLOCK_T] per channel, where ``n`` is [1, BLOCK_T]), and D = d^(t+1), the decay of an
     incoming prefix. Float64 sums of the K-shifted values: a scan of additions, where a scan of Chan
@@ -359,20 +371,23 @@ def _local_sums(n, fm, fq, log2d, BLOCK_T: tl.constexpr, SC: tl.constexpr, POOL_
         nv = tl.sum(tl.sum(n, axis=1), axis=0).to(tl.int32)
         w = (tl.minimum(ts + 1, nv) + tl.zeros([SC, BLOCK_T], tl.int32)).to(tl.float64)  # [SC, ...]: no
         # layout conversion of a [1, BLOCK_T] tensor on the way
-        s1, s2 = tl.cumsum(m, axis=1), tl.cumsum(m * m, axis=1)
+        s1, s2 = _cumsum(m, BLOCK_T, SC, False), _cumsum(m * m, BLOCK_T, SC, False)
+        # the tile's totals as plain sums (a pick of the last frame costs a select per element)
+        return w, s1, s2, D, nv.to(tl.float64) + tl.zeros([SC], tl.float64), tl.sum(m, axis=1), tl.sum(m * m, axis=1)
     else:  # m is 0 at padding
         w, s1, s2, _d = _scan(n.to(tl.float64) + tl.zeros([SC, BLOCK_T], tl.float64), m, m * m,
                               d + tl.zeros([SC, BLOCK_T], tl.float32), BLOCK_T, SC, 1, True, False)
-    return w, s1, s2, D
+    is_last = (ts == BLOCK_T - 1)
+    return w, s1, s2, D, _pick(w + tl.zeros([SC, BLOCK_T], tl.float64), is_last), _pick(s1, is_last), _pick(s2, is_last)
 
 
 @triton.jit
 def _moments(w, s1, s2):
-    """Float64 sums (W, S1, S2) -> float32 (w, mean, M2, var, 1/w) (1/w is 1 where w is 0). 1/W: float32,
-    then a float64 Newton step."""
+    """Float64 sums (W, S1, S2) -> float32 (w, mean, M2, var, 1/w). 1/W: float32, then a float64 Newton
+    step."""
     wf = w.to(tl.float32)
     inv = (1.0 / tl.where(wf > 0, wf, 1.0)).to(tl.float64)
-    inv = inv * (2.0 - tl.where(wf > 0, w, 1.0) * inv)
+    inv = inv * (2.0 - w * inv)  # where w is 0, so are the sums: mean and M2 come out 0
     mean = s1 * inv
     m2 = s2 - s1 * mean
     return wf, mean.to(tl.float32), m2.to(tl.float32), (m2 * inv).to(tl.float32), inv.to(tl.float32)
@@ -518,11 +533,9 @@ def running_norm_fwd(
                 sw, sm, sq, _d = merge(sw, sm, sq, 1.0, cw_, cm_, cq_, 1.0)
             if MODE != 0:
                 # running sums inside the tile, then its prefix: carried, the incoming state, or look-back
-                lw, l1, l2, D = _local_sums(_frame_weight(sw, m_t, POOL_ALL), sm, sq, log2d, BLOCK_T, SC,
-                                            POOL_ALL, MODE)
-                is_last = (tl.arange(0, BLOCK_T) == BLOCK_T - 1)[None, :]
-                aw, am, aq, _v, _r = _moments(_pick(lw, is_last) + tl.zeros([SC], tl.float64),
-                                              _pick(l1, is_last), _pick(l2, is_last))
+                lw, l1, l2, D, tw, t1, t2 = _local_sums(_frame_weight(sw, m_t, POOL_ALL), sm, sq, log2d, BLOCK_T,
+                                                        SC, POOL_ALL, MODE)
+                aw, am, aq, _v, _r = _moments(tw, t1, t2)
                 pw, pm, pq, cw, cm, cq = _prefix(ws_ptr, rec0, it, tag, cw, cm, cq, aw, am, aq, d_tile, offs_s,
                                                  SC, WINDOW, AGG_ONLY, DETERMINISTIC, False, STRIP)
                 if STORE_PREFIX:
@@ -658,7 +671,8 @@ def running_norm_bwd(
                 sw, sm, sq = nw, nm, nq
             fm = sm  # each frame's own mean
             if MODE != 0:
-                lw, l1, l2, D = _local_sums(_frame_weight(sw, m_t, POOL_ALL), sm, sq, log2d, BLOCK_T, SC, POOL_ALL, MODE)
+                lw, l1, l2, D, _w, _a, _b = _local_sums(_frame_weight(sw, m_t, POOL_ALL), sm, sq, log2d, BLOCK_T,
+                                                        SC, POOL_ALL, MODE)
                 ppt = ppre + it.to(tl.int64) * (3 * SC)
                 sw, sm, sq, var, rW = _with_prefix(lw, l1, l2, D, tl.load(ppt), tl.load(ppt + SC),
                                                    tl.load(ppt + 2 * SC))
@@ -696,9 +710,14 @@ def running_norm_bwd(
 
         # ---- suffix sums over later frames: U_tau = sum_{t >= tau} d^(t - tau) U_t, same for V and Z
         if MODE == 1 or MODE == 2:
-            U, V, Z, sd = _scan(U, V, Z, d1 + tl.zeros([SC, BLOCK_T], tl.float32), BLOCK_T, SC, 1, True, True)
-            is_first = (tl.arange(0, BLOCK_T) == 0)[None, :]
-            au, av, az = _pick(U, is_first), _pick(V, is_first), _pick(Z, is_first)
+            if MODE == 1:  # plain suffix sums; the tile's totals without a pick (a select per element)
+                au, av, az = tl.sum(U, axis=1), tl.sum(V, axis=1), tl.sum(Z, axis=1)
+                U, V, Z = _cumsum(U, BLOCK_T, SC, True), _cumsum(V, BLOCK_T, SC, True), _cumsum(Z, BLOCK_T, SC, True)
+                sd = 1.0
+            else:
+                U, V, Z, sd = _scan(U, V, Z, d1 + tl.zeros([SC, BLOCK_T], tl.float32), BLOCK_T, SC, 1, True, True)
+                is_first = (tl.arange(0, BLOCK_T) == 0)[None, :]
+                au, av, az = _pick(U, is_first), _pick(V, is_first), _pick(Z, is_first)
             eu, ev, ez, ku, kv, kz = _prefix(ws_ptr, rec0, vt, tag, ku, kv, kz, au, av, az, d_tile, offs_s, SC,
                                              WINDOW, AGG_ONLY, DETERMINISTIC, True, STRIP)
             U, V, Z, _ = lin(eu[:, None], ev[:, None], ez[:, None], 1.0, U, V, Z, sd)

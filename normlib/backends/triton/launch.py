@@ -94,7 +94,7 @@ def tiles_for(x, per_channel, decay=None) -> list[int]:
     calls look them up in a cache (the host path of a small call is longer than its kernel)."""
     if torch.compiler.is_compiling():
         return _tiles_for(x, per_channel, decay)
-    key = (x.shape, x.stride(), per_channel, decay == 0, x.device, torch.are_deterministic_algorithms_enabled(),
+    key = (x.shape, x.stride(), per_channel, time_mode(decay), x.device, torch.are_deterministic_algorithms_enabled(),
            tuple(_OVERRIDE.items()))
     tiles = _TILES.get(key)
     if tiles is None:
