@@ -10,19 +10,14 @@ import argparse
 
 import torch
 
-import normlib
 from normlib.backends.triton import launch
 from normlib.functional import norm
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+from sweep import case, case_args  # benchmarks/ is the script's folder
 
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--norm", default="cln")
-    p.add_argument("--dtype", default="fp32")
-    p.add_argument("--layout", default="b c t")
-    p.add_argument("--shape", default="16,512,16000")
+    case_args(p)
     p.add_argument("--bwd", action="store_true")
     p.add_argument("--block-c", type=int)
     p.add_argument("--block-t", type=int)
@@ -30,11 +25,7 @@ def main():
     p.add_argument("--window", type=int)
     p.add_argument("--calls", type=int, default=3)
     a = p.parse_args()
-    B, C, T = (int(v) for v in a.shape.split(","))
-    x = torch.randn(B, C, T, device="cuda").to(DTYPES[a.dtype])
-    if a.layout == "b t c":
-        x = x.transpose(1, 2).contiguous()
-    spec = normlib.get(a.norm).spec
+    x, spec = case(a)
     with launch.tile_size(block_c=a.block_c, block_t=a.block_t, warps=a.warps, window=a.window):
         for _ in range(a.calls):
             if a.bwd:

@@ -25,12 +25,24 @@ def ints(s):
     return [None] if s is None else [int(v) for v in s.split(",")]
 
 
-def main():
-    p = argparse.ArgumentParser()
+def case_args(p):
+    """The arguments that name one case (norm, dtype, layout, shape); ``case`` builds it."""
     p.add_argument("--norm", default="cln")
     p.add_argument("--dtype", default="fp32")
     p.add_argument("--layout", default="b c t")
     p.add_argument("--shape", default="16,512,16000")
+
+
+def case(a):
+    """(x in the layout asked, on the GPU; the norm's spec)."""
+    B, C, T = (int(v) for v in a.shape.split(","))
+    x = torch.randn(B, C, T, device="cuda").to(DTYPES[a.dtype])
+    return (x.transpose(1, 2).contiguous() if a.layout == "b t c" else x), normlib.get(a.norm).spec
+
+
+def main():
+    p = argparse.ArgumentParser()
+    case_args(p)
     p.add_argument("--block-t")
     p.add_argument("--block-c")
     p.add_argument("--warps")
@@ -38,15 +50,10 @@ def main():
     p.add_argument("--strip", help="0, 1 or both: forbid or force one program per sequence")
     p.add_argument("--bwd", action="store_true")
     a = p.parse_args()
-    B, C, T = (int(v) for v in a.shape.split(","))
-    dt = DTYPES[a.dtype]
-    x = torch.randn(B, C, T, device="cuda").to(dt)
-    if a.layout == "b t c":
-        x = x.transpose(1, 2).contiguous()
+    x, spec = case(a)
     gy = torch.randn_like(x)
-    spec = normlib.get(a.norm).spec
     t_copy = do_bench(lambda: x.clone(), warmup=5, rep=40, return_mode="median")
-    print(f"{a.norm} {a.dtype} {a.layout!r} {B}x{C}x{T}: copy {t_copy * 1e3:.1f} µs", flush=True)
+    print(f"{a.norm} {a.dtype} {a.layout!r} {a.shape}: copy {t_copy * 1e3:.1f} µs", flush=True)
     for bt, bc, warps, window, strip in itertools.product(ints(a.block_t), ints(a.block_c), ints(a.warps),
                                                           ints(a.window), ints(a.strip)):
         with launch.tile_size(block_t=bt, block_c=bc, warps=warps, window=window,
