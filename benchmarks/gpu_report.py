@@ -12,6 +12,7 @@ compiling): split them over device calls with --stages fwdchecks and --stages gr
 from __future__ import annotations
 
 import argparse
+import copy
 import datetime
 import json
 import os
@@ -146,12 +147,20 @@ def op_checks():
     gy = make(4, 64, 3000, torch.float32, "b c t", seed=8)  # sum(y^2) of a gln output is nearly constant
     y_e = model(x)
     g_e = torch.autograd.grad((y_e * gy).sum(), list(model.parameters()))
+    model64 = copy.deepcopy(model).double()  # "auto" runs float64 on the PyTorch reference
+    y_r = model64(x.double())
+    g_r = torch.autograd.grad((y_r * gy.double()).sum(), list(model64.parameters()))
     torch._dynamo.reset()
     y_c = torch.compile(model, fullgraph=True)(x)
     g_c = torch.autograd.grad((y_c * gy).sum(), list(model.parameters()))
-    e = max([rel(y_c, y_e)] + [rel(a_, b_) for a_, b_ in zip(g_c, g_e)])
-    check("compile fullgraph model (cln, ccemaln, gln)", e < 1e-5, f"{e:.1e}")
-    for pc, dec in ((False, 1.0), (True, 0.9), (False, None), (False, 0.0)):
+    # compiled and eager differ by float32 rounding (Inductor fuses the conv's neighbours differently), which
+    # the norms' gradients amplify: each must be as close to the float64 model as eager is
+    names = ["y"] + [n for n, _ in model.named_parameters()]
+    for n, c, e_, r in zip(names, [y_c, *g_c], [y_e, *g_e], [y_r, *g_r]):
+        ec, ee = rel(c, r), rel(e_, r)
+        check(f"compile fullgraph model (cln, ccemaln, gln): {n}", ec <= 2 * ee + 1e-6 and ee < 1e-4,
+              f"compiled {ec:.1e}, eager {ee:.1e} from float64; compiled vs eager {rel(c, e_):.1e}")
+    for pc, dec in ((False, 1.0), (True, 1.0), (True, 0.9), (False, 0.9), (False, None), (False, 0.0)):
         xo = make(2, 33, 700, torch.float32, "b c t", seed=10).requires_grad_()
         w, b = torch.randn(33, device="cuda", requires_grad=True), torch.randn(33, device="cuda", requires_grad=True)
         nsc = 33 if pc else 1
@@ -165,7 +174,11 @@ def op_checks():
             torch.library.opcheck(tb.running_norm_fwd, args)
             check(f"opcheck per_channel={pc} decay={dec}", True)
         except Exception as exc:  # noqa: BLE001
-            check(f"opcheck per_channel={pc} decay={dec}", False, " | ".join(str(exc).splitlines())[:1500])
+            chain = [exc]
+            while chain[-1].__cause__ is not None:
+                chain.append(chain[-1].__cause__)
+            check(f"opcheck per_channel={pc} decay={dec}", False,
+                  " | ".join(" | ".join(str(e).splitlines()) for e in chain)[:3000])
     torch.use_deterministic_algorithms(False)
 
 

@@ -30,12 +30,41 @@ def _args(per_channel, decay, state, return_state, save):
 @pytest.mark.parametrize("per_channel,decay,state", [
     pytest.param(False, 1.0, True, id="cln-state"),
     pytest.param(True, 0.9, True, id="ccemaln-state"),
+    pytest.param(True, 1.0, True, id="ccln-state"),
     pytest.param(False, None, False, id="gln"),
     pytest.param(False, 0.0, False, id="frameln"),
 ])
 def test_opcheck(per_channel, decay, state):
     args = _args(per_channel, decay, state, return_state=decay is not None, save=True)
     torch.library.opcheck(tb.running_norm_fwd, args)
+
+
+@pytest.mark.parametrize("cotangent", ["expanded", "other-layout", "dense"])
+def test_backward_reads_dy_in_the_layout_of_y(cotangent, monkeypatch):
+    """An expanded dy (from y.sum()) or one in another layout is copied into y's layout first: torch.compile
+    hands the op a dense dy, and the same strides compile the same kernel, so eager and compiled gradients
+    agree to the bit."""
+    x, w, b, lengths, sin, pc, decay, eps, outside, _, _, tiles = _args(False, 1.0, False, False, True)
+    seen = []
+    real = tb.launch._launch
+
+    def spy(kernel, p, tiles, x_, B, per_channel, **kw):
+        if "gy_ptr" in kw:
+            seen.append((kw["gy_ptr"].stride(), kw["gx_ptr"].stride()))
+        return real(kernel, p, tiles, x_, B, per_channel, **kw)
+
+    monkeypatch.setattr(tb.launch, "_launch", spy)
+    y, _, pre = tb.launch.forward(x.detach(), w, b, lengths, None, per_channel=False, decay=1.0, eps=eps,
+                                  eps_outside=False, return_state=False, save=True, tiles=tiles)
+    dense = torch.randn_like(y)
+    gy = {"expanded": torch.ones(()).expand_as(y), "dense": dense,
+          "other-layout": dense.transpose(1, 2).contiguous().transpose(1, 2)}[cotangent]
+    opts = dict(per_channel=False, decay=1.0, eps=eps, eps_outside=False, need_weight_grads=True, tiles=tiles)
+    got = tb.launch.backward(gy, None, x.detach(), w, lengths, None, pre, **opts)
+    want = tb.launch.backward(gy.contiguous(), None, x.detach(), w, lengths, None, pre, **opts)
+    assert seen[0][0] == seen[0][1] == y.stride()
+    for a, b_ in zip(got[:3], want[:3]):
+        assert torch.equal(a, b_)
 
 
 class _Model(nn.Module):

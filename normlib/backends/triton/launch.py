@@ -217,6 +217,10 @@ def backward(gy, gsout, x, weight, lengths, sin, pre, *, per_channel, decay, eps
     nsc = C if per_channel else 1
     weight, lengths, sin, gsout = (_dense(t) for t in (weight, lengths, sin, gsout))
     gx = torch.empty_like(x)
+    if any(n > 1 and a != b for n, a, b in zip(gx.shape, gy.stride(), gx.stride())):
+        # dy in y's layout: an expanded dy (the cotangent of y.sum()) or another layout would compile another
+        # specialization, whose rounding differs from what torch.compile's AOT (which makes dy dense) gets
+        gy = torch.empty_like(x).copy_(gy)
     gsin = torch.zeros(3, B, nsc, dtype=torch.float64, device=x.device) if sin is not None else None
     if p.mode == FRAME:
         sin = None
