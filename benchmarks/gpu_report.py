@@ -241,55 +241,91 @@ def _t(fn):
     return do_bench(fn, warmup=5, rep=30, return_mode="median")
 
 
-def bench(quick, stage, out):
+def cases(quick, stage, shapes=None, norms=None):
+    """(shape, dtype name, layout, norm) of each timing row of a stage."""
+    shapes = shapes or (LARGE + SMALL if not quick else [LARGE[0], SMALL[0]])
+    layouts = ("b c t", "b t c") if stage == "eager" else ("b c t",)
+    return [(s, dn, lay, n) for s in shapes for dn in ("fp32", "bf16") for lay in layouts for n in norms or NORMS]
+
+
+def run_case(stage, shape, dn, layout, name, timer):
+    """Calls each timed function of one row through ``timer`` (do_bench, or once to compile)."""
+    B, C, T = shape
+    dt = DTYPES[dn]
+    x = make(B, C, T, dt, layout, seed=1)
+    gy = make(B, C, T, dt, layout, seed=2)
+    xr, gyr = as_bct(x, layout), as_bct(gy, layout)
+    w = torch.ones(C, device="cuda", requires_grad=True)
+    b = torch.zeros(C, device="cuda", requires_grad=True)
+    xg, xrg = x.detach().requires_grad_(), xr.detach().requires_grad_()
+    spec, ref = spec_of(name), R.REFERENCES[name]
+    row = dict(norm=name, B=B, C=C, T=T, dtype=dn, layout=layout, copy_ms=timer(lambda: x.clone()))
+    if stage == "eager":
+        with torch.no_grad():
+            row["fwd"] = timer(lambda: norm(spec, x, w, b, layout=layout, backend="triton"))
+            row["ref_fwd"] = timer(lambda: ref(xr, w, b))
+        y = norm(spec, xg, w, b, layout=layout, backend="triton")
+        row["bwd"] = timer(lambda: torch.autograd.grad(y, (xg, w, b), gy, retain_graph=True))
+        del y
+        row["step"] = timer(lambda: torch.autograd.grad(
+            norm(spec, xg, w, b, layout=layout, backend="triton"), (xg, w, b), gy))
+        row["ref_step"] = timer(lambda: torch.autograd.grad(ref(xrg, w, b), (xrg, w, b), gyr))
+    else:
+        torch._dynamo.reset()
+        cf = torch.compile(ref)
+        try:
+            with torch.no_grad():
+                cf(xr, w, b)
+                row["cmp_fwd"] = timer(lambda: cf(xr, w, b))
+            torch.autograd.grad(cf(xrg, w, b), (xrg, w, b), gyr)
+            row["cmp_step"] = timer(lambda: torch.autograd.grad(cf(xrg, w, b), (xrg, w, b), gyr))
+        except Exception as exc:  # pragma: no cover
+            print("  compile failed", name, type(exc).__name__, str(exc)[:200], flush=True)
+    return row
+
+
+def _once(fn):
+    fn()
+    return float("nan")
+
+
+def _one_compile_thread():  # a dozen workers, each with Inductor's own pool of 16, would crowd the CPUs
+    import torch._inductor.config as cfg
+    cfg.compile_threads = 1
+
+
+def _warm_worker(job):
+    """Compile one row's kernels (Triton's and Inductor's caches on disk are shared between processes)."""
+    stage, case_ = job
+    run_case(stage, *case_, timer=_once)
+    torch.cuda.synchronize()
+    return case_
+
+
+def warm(jobs, procs):
+    """Compile every row in ``procs`` processes before any timing: compiling, not the GPU, is what takes
+    a report its minutes. Timings then run alone in this process."""
+    import multiprocessing as mp
+    t0 = time.time()
+    with mp.get_context("spawn").Pool(procs, initializer=_one_compile_thread) as pool:
+        for _ in pool.imap_unordered(_warm_worker, jobs):
+            pass
+    print(f"== warmed {len(jobs)} rows in {procs} processes, {time.time() - t0:.0f} s", flush=True)
+
+
+def bench(jobs, stage, out):
     """stage "eager": normlib, the eager reference and the copy; stage "compile": torch.compile of the
     reference. Times in ms: forward, backward alone (normlib), and a training step (forward + backward)."""
     print(f"== timings ({stage}), median of do_bench with the L2 flushed", flush=True)
     rows = []
-    shapes = LARGE + SMALL if not quick else [LARGE[0], SMALL[0]]
-    for (B, C, T) in shapes:
-        for dn in ("fp32", "bf16"):
-            dt = DTYPES[dn]
-            for layout in (("b c t", "b t c") if stage == "eager" else ("b c t",)):
-                x = make(B, C, T, dt, layout, seed=1)
-                gy = make(B, C, T, dt, layout, seed=2)
-                xr, gyr = as_bct(x, layout), as_bct(gy, layout)
-                t_copy = _t(lambda: x.clone())
-                w = torch.ones(C, device="cuda", requires_grad=True)
-                b = torch.zeros(C, device="cuda", requires_grad=True)
-                xg = x.detach().requires_grad_()
-                xrg = xr.detach().requires_grad_()
-                for name in NORMS:
-                    spec, ref = spec_of(name), R.REFERENCES[name]
-                    row = dict(norm=name, B=B, C=C, T=T, dtype=dn, layout=layout, copy_ms=t_copy)
-                    if stage == "eager":
-                        with torch.no_grad():
-                            row["fwd"] = _t(lambda: norm(spec, x, w, b, layout=layout, backend="triton"))
-                            row["ref_fwd"] = _t(lambda: ref(xr, w, b))
-                        y = norm(spec, xg, w, b, layout=layout, backend="triton")
-                        row["bwd"] = _t(lambda: torch.autograd.grad(y, (xg, w, b), gy, retain_graph=True))
-                        del y
-                        row["step"] = _t(lambda: torch.autograd.grad(
-                            norm(spec, xg, w, b, layout=layout, backend="triton"), (xg, w, b), gy))
-                        row["ref_step"] = _t(lambda: torch.autograd.grad(ref(xrg, w, b), (xrg, w, b), gyr))
-                    else:
-                        torch._dynamo.reset()
-                        cf = torch.compile(ref)
-                        try:
-                            with torch.no_grad():
-                                cf(xr, w, b)
-                                row["cmp_fwd"] = _t(lambda: cf(xr, w, b))
-                            torch.autograd.grad(cf(xrg, w, b), (xrg, w, b), gyr)
-                            row["cmp_step"] = _t(lambda: torch.autograd.grad(cf(xrg, w, b), (xrg, w, b), gyr))
-                        except Exception as exc:  # pragma: no cover
-                            print("  compile failed", name, type(exc).__name__, str(exc)[:200], flush=True)
-                    rows.append(row)
-                    with open(os.path.join(out, f"rows-{stage}.jsonl"), "a") as f:
-                        f.write(json.dumps(row) + "\n")
-                    print("  " + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                                          for k, v in row.items()), flush=True)
-                del x, gy, xg, xr, gyr, xrg
-                torch.cuda.empty_cache()
+    for case_ in jobs:
+        row = run_case(stage, *case_, timer=_t)
+        rows.append(row)
+        with open(os.path.join(out, f"rows-{stage}.jsonl"), "a") as f:
+            f.write(json.dumps(row) + "\n")
+        print("  " + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
+              flush=True)
+        torch.cuda.empty_cache()
     return rows
 
 
@@ -318,7 +354,17 @@ def main():
     p.add_argument("--stages", default="checks,eager,compile",
                    help="any of checks (= fwdchecks,gradchecks), fwdchecks, gradchecks (with opchecks), "
                         "opchecks (compile and opcheck only), eager, compile")
+    p.add_argument("--shapes", help="timing shapes as BxCxT,... (default: the issue's six)")
+    p.add_argument("--norms", help="timing norms, comma-separated (default: all)")
+    p.add_argument("--warm", type=int, default=12, help="processes that compile every row before timing")
+    p.add_argument("--table", help="rows-eager.jsonl[,rows-compile.jsonl]: print the markdown table of "
+                                   "earlier runs (no GPU needed) and exit")
     a = p.parse_args()
+    if a.table:
+        rows = [[json.loads(line) for f in a.table.split(",") if st in os.path.basename(f)
+                 for line in open(f)] for st in ("eager", "compile")]
+        print(table(*rows))
+        return 0
     stages = a.stages.split(",")
     assert torch.cuda.is_available(), "gpu_report needs a CUDA GPU"
     head = (f"date {datetime.date.today()}, commit {a.commit}, GPU {torch.cuda.get_device_name()}, "
@@ -333,11 +379,15 @@ def main():
     if "checks" in stages or "gradchecks" in stages:
         gradient_checks(a.quick)
     result = dict(head=head, fails=FAILS)
-    for stage in ("eager", "compile"):
-        if stage in stages:
-            result[stage] = bench(a.quick, stage, a.out)
-            with open(os.path.join(a.out, f"report-{stage}.json"), "w") as f:
-                json.dump(dict(result, rows=result[stage]), f)
+    shapes = [tuple(int(v) for v in s.split("x")) for s in a.shapes.split(",")] if a.shapes else None
+    norms = a.norms.split(",") if a.norms else None
+    jobs = {st: cases(a.quick, st, shapes, norms) for st in ("eager", "compile") if st in stages}
+    if a.warm and jobs:
+        warm([(st, c) for st, js in jobs.items() for c in js], a.warm)
+    for stage in jobs:
+        result[stage] = bench(jobs[stage], stage, a.out)
+        with open(os.path.join(a.out, f"report-{stage}.json"), "w") as f:
+            json.dump(dict(result, rows=result[stage]), f)
     if "eager" in stages:
         md = head + "\n\n" + table(result["eager"], result.get("compile", ())) + "\n"
         with open(os.path.join(a.out, "report.md"), "w") as f:
