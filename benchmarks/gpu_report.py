@@ -346,6 +346,45 @@ def table(rows, compiled=()):
     return "\n".join(lines)
 
 
+POOLED, PER_CHANNEL = ("cln", "gln", "emaln", "frameln"), ("ccln", "instln", "ccemaln")
+
+
+def targets(rows, compiled=()):
+    """Markdown: each target of issues 3 and 4, how many rows meet it, and the worst row."""
+    cmp = {(r["norm"], r["B"], r["C"], r["T"], r["dtype"]): r for r in compiled}
+    large = {tuple(s) for s in LARGE}
+
+    def ratio(r, what):
+        c, k = r["copy_ms"], cmp.get((r["norm"], r["B"], r["C"], r["T"], r["dtype"]), {})
+        return {"fwd": c / r["fwd"], "bwd": 1.5 * c / r["bwd"], "copy_x": r["fwd"] / c,
+                "vs_cmp_fwd": k.get("cmp_fwd", float("nan")) / r["fwd"],
+                "vs_cmp_step": k.get("cmp_step", float("nan")) / r["step"]}[what]
+
+    rules = [  # (target, rows it covers, measure, bound, at least?)
+        ("forward ≥ 0.85 of copy (pooled, large)", lambda r: r["norm"] in POOLED, True, "fwd", 0.85, True),
+        ("forward ≥ 0.75 of copy (per channel, large)", lambda r: r["norm"] in PER_CHANNEL, True, "fwd", 0.75,
+         True),
+        ("forward ≤ 1.5 × copy time (small)", lambda r: True, False, "copy_x", 1.5, False),
+        ("forward ≥ 1.5 × faster than compile", lambda r: True, None, "vs_cmp_fwd", 1.5, True),
+        ("backward ≥ 0.75 of copy (pooled, large)", lambda r: r["norm"] in POOLED, True, "bwd", 0.75, True),
+        ("backward ≥ 0.6 of copy (per channel, large)", lambda r: r["norm"] in PER_CHANNEL, True, "bwd", 0.6,
+         True),
+        ("fwd + bwd ≥ 2 × faster than compile", lambda r: True, None, "vs_cmp_step", 2.0, True),
+    ]
+    lines = ["| target | rows met | worst row | its figure | no compile figure |", "|---|---|---|---|---|"]
+    for name, pick, is_large, what, bound, at_least in rules:
+        sel = [r for r in rows if pick(r) and (is_large is None or ((r["B"], r["C"], r["T"]) in large) == is_large)]
+        vals = [(ratio(r, what), r) for r in sel]
+        known = [(v, r) for v, r in vals if v == v]
+        met = sum((v >= bound) if at_least else (v <= bound) for v, _ in known)
+        if not known:
+            continue
+        v, r = (min if at_least else max)(known, key=lambda t: t[0])
+        lines.append(f"| {name} | {met} / {len(known)} | {r['norm']} {r['dtype']} {r['layout']} "
+                     f"({r['B']}, {r['C']}, {r['T']}) | {v:.2f} | {len(vals) - len(known)} |")
+    return "\n".join(lines)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--commit", default=os.environ.get("NORMLIB_COMMIT", "unknown"))
@@ -363,7 +402,7 @@ def main():
     if a.table:
         rows = [[json.loads(line) for f in a.table.split(",") if st in os.path.basename(f)
                  for line in open(f)] for st in ("eager", "compile")]
-        print(table(*rows))
+        print(table(*rows) + "\n\n" + targets(*rows))
         return 0
     stages = a.stages.split(",")
     assert torch.cuda.is_available(), "gpu_report needs a CUDA GPU"
@@ -389,7 +428,8 @@ def main():
         with open(os.path.join(a.out, f"report-{stage}.json"), "w") as f:
             json.dump(dict(result, rows=result[stage]), f)
     if "eager" in stages:
-        md = head + "\n\n" + table(result["eager"], result.get("compile", ())) + "\n"
+        md = (head + "\n\n" + table(result["eager"], result.get("compile", ())) + "\n\n"
+              + targets(result["eager"], result.get("compile", ())) + "\n")
         with open(os.path.join(a.out, "report.md"), "w") as f:
             f.write(md)
         print(md)
