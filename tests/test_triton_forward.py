@@ -474,6 +474,19 @@ def test_launcher_walks_sequences_in_one_program_only_when_there_are_enough():
             check_output(tri(name, dev(many)), dev(many), ref(name, many), F32, name)
 
 
+def test_look_back_window_covers_one_sequences_tiles_in_flight():
+    """Few sequences: a tile's in-flight predecessors are many, so the window widens (to 256 pooled, 32 per
+    channel) and one poll reaches a published prefix; many sequences keep the polls small. A 256-record
+    window over a short sequence still gives the reference."""
+    w = launch.window_for
+    assert [w(False, n, 132) for n in (1, 2, 4, 16, 1000)] == [256, 256, 128, 32, 32]
+    assert [w(True, n, 132) for n in (1, 32, 128, 1000)] == [32, 32, 8, 4]
+    x = make_x(1, 5, 40)
+    with tile_size(block_t=4, window=256):
+        for name in ("cln", "emaln"):
+            check_output(tri(name, dev(x)), dev(x), ref(name, x), F32, name)
+
+
 EDGE_SHAPES = [
     pytest.param((1, 1, 1), id="B1-C1-T1"),
     pytest.param((2, 1, 17), id="B2-C1-T17"),

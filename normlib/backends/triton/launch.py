@@ -66,12 +66,15 @@ def choose_tiles(C, T, per_channel, channels_last, device, frame=False):
     return block_c, block_t, _OVERRIDE.get("warps", 8 if block_c * block_t > 8192 else 4)
 
 
-def window_for(per_channel, block_c, warps) -> int:
-    """Look-back window (records read per poll). A tile's predecessor in its sequence took its ticket
-    B * channel blocks tickets earlier: with many sequences (per channel) it has usually finished, so a
-    short window suffices and keeps the polls' L2 traffic below the tile's own; pooled tiles of few
-    sequences often find only aggregates and walk further."""
-    return 4 if per_channel else 32
+def window_for(per_channel, n_seq, num_sms) -> int:
+    """Look-back window (records read per poll): about the number of one sequence's tiles in flight
+    (tickets go tile-major, so with ``n_seq`` sequences or channel blocks a tile's in-flight predecessors
+    are about resident tiles / n_seq back; an SM holds about 2 pooled tiles, 8 per-channel ones). A poll
+    that meets only aggregates walks one more window, so few sequences need wide windows (one sequence:
+    256 records, one poll); many need few (per channel: 4 to 32 records of BLOCK_C channels, so the
+    polls' L2 traffic stays below the tile's own)."""
+    in_flight = triton.next_power_of_2(max(1, (8 if per_channel else 2) * num_sms // max(1, n_seq)))
+    return min(max(in_flight, 4 if per_channel else 32), 32 if per_channel else 256)
 
 
 class Plan(NamedTuple):
@@ -109,7 +112,7 @@ def _tiles_for(x, per_channel, decay) -> list[int]:
     channels_last = x.stride(1) == 1 and x.stride(2) != 1
     bc, bt, warps = choose_tiles(C, T, per_channel, channels_last, x.device, frame=decay == 0)
     ncb = triton.cdiv(C, bc) if per_channel else 1
-    window = _OVERRIDE.get("window", window_for(per_channel, bc, warps))
+    window = _OVERRIDE.get("window", window_for(per_channel, B * ncb, _num_sms(x.device)))
     want = max(1, 4 * _num_sms(x.device) // max(1, B * ncb))
     span = _OVERRIDE.get("span", max(1, triton.cdiv(triton.cdiv(T, bt), want)))
     deterministic = torch.are_deterministic_algorithms_enabled()
