@@ -279,6 +279,15 @@ def _load(p, sxc, c0, offs_c, C, m_t, K):
 
 
 @triton.jit
+def _load_tile(base, st, sc, it, T, length, offs_c, C, K, BLOCK_T: tl.constexpr):
+    """Tile ``it``'s first chunk of channels (values minus K, mask); nothing is read outside 0 .. NT - 1, so
+    a strip can ask for the tile after its last (or before its first) while it computes this one."""
+    offs_t = it * BLOCK_T + tl.arange(0, BLOCK_T)
+    m_t = (offs_t >= 0) & (offs_t < T) & (offs_t < length)
+    return _load(base + offs_t.to(tl.int64)[None, :] * st, sc, 0, offs_c, C, m_t, K)
+
+
+@triton.jit
 def _store(p, syc, v, c0, offs_c, C, in_t):
     """Write channels c0 + offs_c of a tile; ``p`` holds the [1, BLOCK_T] addresses of channel 0."""
     msk = ((offs_c + c0) < C)[:, None] & in_t[None, :]
@@ -504,6 +513,8 @@ def running_norm_fwd(
         cq = tl.load(sin_ptr + 2 * NS + s_off, mask=s_ok, other=0.0).to(tl.float32)
     rec0 = seq.to(tl.int64) * NT * (6 * SC)
     d_tile = tl.exp2(log2d * BLOCK_T)
+    if STRIP:  # the walk reads each tile one step ahead, so its load overlaps the previous tile's work
+        xn, mn = _load_tile(xb, sxt, sxc, it0, T, length, offs_c, C, K, BLOCK_T)
     for step in range(NT if STRIP else 1):
         it = it0 + step
         # ---- load the tile (pooled: its first chunk of channels, kept in registers; the others are merged
@@ -512,7 +523,11 @@ def running_norm_fwd(
         offs_t = t0 + tl.arange(0, BLOCK_T)
         m_t = (offs_t < T) & (offs_t < length)
         px = xb + offs_t.to(tl.int64)[None, :] * sxt
-        xk, msk = _load(px, sxc, 0, offs_c, C, m_t, K)  # [BLOCK_C, BLOCK_T]
+        if STRIP:
+            xk, msk = xn, mn
+            xn, mn = _load_tile(xb, sxt, sxc, it + 1, T, length, offs_c, C, K, BLOCK_T)
+        else:
+            xk, msk = _load(px, sxc, 0, offs_c, C, m_t, K)  # [BLOCK_C, BLOCK_T]
         ppre = pre_ptr + (seq.to(tl.int64) * NT + it) * (3 * SC) + offs_s
 
         if MODE == 3:  # GLOBAL, second launch: reduce the span summaries of this sequence
@@ -628,6 +643,9 @@ def running_norm_bwd(
     rec0 = seq.to(tl.int64) * NT * (6 * SC)
     d1 = tl.exp2(log2d)
     d_tile = tl.exp2(log2d * BLOCK_T)
+    if STRIP:  # the walk (from the last tile) reads each tile one step ahead, as in the forward
+        xn, mn = _load_tile(xb, sxt, sxc, NT - 1, T, length, offs_c, C, K, BLOCK_T)
+        gn, _m = _load_tile(gyb, sgt, sgc, NT - 1, T, length, offs_c, C, 0.0, BLOCK_T)
     for step in range(NT if STRIP else 1):
         vt = vt0 + step
         it = vt
@@ -639,8 +657,13 @@ def running_norm_bwd(
         m_t = (offs_t < T) & (offs_t < length)
         px = xb + offs_t.to(tl.int64)[None, :] * sxt
         pg = gyb + offs_t.to(tl.int64)[None, :] * sgt
-        xk, msk = _load(px, sxc, 0, offs_c, C, m_t, K)
-        gy, _m = _load(pg, sgc, 0, offs_c, C, m_t, 0.0)
+        if STRIP:
+            xk, msk, gy = xn, mn, gn
+            xn, mn = _load_tile(xb, sxt, sxc, it - 1, T, length, offs_c, C, K, BLOCK_T)
+            gn, _m = _load_tile(gyb, sgt, sgc, it - 1, T, length, offs_c, C, 0.0, BLOCK_T)
+        else:
+            xk, msk = _load(px, sxc, 0, offs_c, C, m_t, K)
+            gy, _m = _load(pg, sgc, 0, offs_c, C, m_t, 0.0)
         at = (offs_t == length - 1)[None, :]  # the frame of the outgoing state
 
         # ---- each frame's statistics, A = sum(g) and G = sum(g (x - m_f)) (a co-moment, merged like M2)
