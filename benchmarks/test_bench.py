@@ -1,12 +1,15 @@
-"""Forward throughput of every norm: normlib (backend "auto"), the eager PyTorch reference, and a plain copy of
-the same tensor (the memory floor: a forward reads x once and writes y once, 2*N*itemsize bytes).
+"""Throughput of every norm, forward, backward and a training step (forward + backward): normlib (backend
+"auto"), the eager PyTorch reference, ``torch.compile`` of the reference, and a plain copy of the same tensor
+(the memory floor: a forward moves 2N elements, x in and y out; a backward 3N, x and dy in, dx out; a step 5N).
 
     pytest benchmarks                          # time (on CUDA with CUDA events, figures in extra_info)
-    pytest benchmarks --benchmark-disable      # each function once, outputs checked (what `make test` runs)
+    pytest benchmarks --benchmark-disable      # each function once, results checked (what `make test` runs)
 
-On CUDA, each test also times its function and a copy of the same bytes with CUDA events
+On CUDA, each test also times its function and a copy of the same tensor with CUDA events
 (triton.testing.do_bench) and records in ``benchmark.extra_info``: ms, GB/s and the fraction of the copy's
-bandwidth reached (``pct_of_copy``). On the CPU normlib runs its PyTorch backend and the shapes are small.
+bandwidth reached (``pct_of_copy``, the copy's rate scaled to the bytes the pass moves). On the CPU, normlib
+runs its PyTorch backend, the shapes are small, and torch.compile uses the "aot_eager" backend (no C++
+toolchain needed) so that the suite cannot rot.
 """
 import time
 
@@ -21,7 +24,8 @@ DEVICE = torch.device("cuda" if CUDA else "cpu")
 NORMS = ("cln", "ccln", "gln", "emaln", "frameln", "instln", "ccemaln")
 SHAPES = ([(16, 512, 16000), (2, 256, 64000), (1, 128, 256000), (4, 512, 4000), (80, 64, 301), (64, 128, 500)]
           if CUDA else [(4, 64, 1000), (3, 33, 501)])
-IMPLS = ("normlib", "reference", "copy")
+IMPLS = ("normlib", "reference", "compile", "copy")
+PASSES = {"fwd": 2, "bwd": 3, "step": 5}  # elements moved, in units of N; the copy is timed under fwd only
 
 
 def _shape_id(shape):
@@ -33,14 +37,30 @@ def _sync():
         torch.cuda.synchronize()
 
 
-def _implementation(impl, name, x, weight, bias):
+def _function(impl, name):
+    """(x, weight, bias) -> y for one implementation."""
     if impl == "normlib":
-        f = getattr(normlib.functional, name)
-        return lambda: f(x, weight, bias)  # backend="auto": Triton on CUDA, PyTorch on the CPU
+        return getattr(normlib.functional, name)  # backend="auto": Triton on CUDA, PyTorch on the CPU
     if impl == "reference":
-        f = REFERENCES[name]
-        return lambda: f(x, weight, bias)
-    return lambda: x.clone()
+        return REFERENCES[name]
+    if impl == "compile":  # afresh for each test: one static graph per shape, as gpu_report compiles
+        torch._dynamo.reset()
+        return torch.compile(REFERENCES[name], dynamic=False, backend="inductor" if CUDA else "aot_eager")
+    return lambda x, w, b: x.clone()
+
+
+def _pass(fn, pass_, x, weight, bias, gy):
+    """The callable that a test times: the forward (no autograd), the backward of one forward, or both."""
+    if pass_ == "fwd":
+        def run():
+            with torch.no_grad():
+                return fn(x, weight, bias)
+        return run
+    xs = (x.detach().requires_grad_(), weight.detach().requires_grad_(), bias.detach().requires_grad_())
+    if pass_ == "bwd":
+        y = fn(*xs)
+        return lambda: torch.autograd.grad(y, xs, gy, retain_graph=True)
+    return lambda: torch.autograd.grad(fn(*xs), xs, gy)
 
 
 def _milliseconds(fn):
@@ -58,37 +78,50 @@ def _milliseconds(fn):
     return 1e3 * sorted(times)[len(times) // 2]
 
 
-@pytest.mark.parametrize("impl", IMPLS)
+def _rel(a, b):
+    return float(torch.linalg.vector_norm(a.double() - b) / torch.linalg.vector_norm(b).clamp_min(1e-300))
+
+
+@pytest.mark.parametrize("impl,pass_", [(i, p) for i in IMPLS for p in PASSES if i != "copy" or p == "fwd"])
 @pytest.mark.parametrize("shape", SHAPES, ids=_shape_id)
 @pytest.mark.parametrize("name", NORMS)
-def test_forward(benchmark, name, shape, impl):
+def test_throughput(benchmark, name, shape, impl, pass_):
     B, C, T = shape
     g = torch.Generator(device=DEVICE).manual_seed(0)
     x = torch.randn(shape, device=DEVICE, generator=g)
     weight = 1 + 0.1 * torch.randn(C, device=DEVICE, generator=g)
     bias = 0.1 * torch.randn(C, device=DEVICE, generator=g)
-    fn = _implementation(impl, name, x, weight, bias)
+    gy = torch.randn(shape, device=DEVICE, generator=g)
+    fn = _pass(_function(impl, name), pass_, x, weight, bias, gy)
 
     def synchronized():
         out = fn()
         _sync()
         return out
 
-    benchmark.group = f"{name}-{_shape_id(shape)}"
-    benchmark.extra_info.update(norm=name, shape=list(shape), impl=impl, dtype="float32", device=str(DEVICE),
-                                backend=(normlib.backends.resolve("auto", x).__module__
-                                         if impl == "normlib" else "eager"))
-    y = benchmark.pedantic(synchronized, rounds=20 if CUDA else 5, warmup_rounds=2, iterations=1)
+    benchmark.group = f"{name}-{_shape_id(shape)}-{pass_}"
+    benchmark.extra_info.update(norm=name, shape=list(shape), impl=impl, pass_=pass_, dtype="float32",
+                                device=str(DEVICE), backend=(normlib.backends.resolve("auto", x).__module__
+                                                             if impl == "normlib" else impl))
+    out = benchmark.pedantic(synchronized, rounds=20 if CUDA else 3, warmup_rounds=2, iterations=1)
 
-    assert y.shape == x.shape and y.dtype == x.dtype
-    assert torch.isfinite(y).all(), f"{impl} {name}: non-finite output"
-    if impl == "normlib" and B * C * T <= 1 << 23:  # small enough to check against the float64 oracle
-        expected = REFERENCES[name](x.double(), weight.double(), bias.double())
-        err = float(torch.linalg.vector_norm(y.double() - expected) / torch.linalg.vector_norm(expected))
-        assert err < 1e-4, f"{name}: relative error {err:.2e} against the float64 reference"
+    if B * C * T <= 1 << 23 and impl != "copy":  # small enough to check against the float64 oracle
+        ins = (x.double().requires_grad_(), weight.double().requires_grad_(), bias.double().requires_grad_())
+        want = REFERENCES[name](*ins)
+        if pass_ != "fwd":
+            want = torch.autograd.grad(want, ins, gy.double())
+        got = out if pass_ != "fwd" else (out,)
+        want = want if pass_ != "fwd" else (want,)
+        for what, a, b in zip(("x", "weight", "bias"), got, want):
+            assert a.shape == b.shape and a.dtype == torch.float32
+            err = _rel(a, b)
+            tol = 1e-4 if impl == "normlib" else 1e-2  # the reference's formulas evaluated in float32 drift
+            assert err < tol, f"{impl} {name} {pass_}: relative error {err:.2e} in d{what} (or y)"
 
-    if benchmark.enabled:  # bandwidth, and the fraction of a copy of the same bytes measured in this test
-        nbytes = 2 * x.numel() * x.element_size()
+    if benchmark.enabled:  # bandwidth, and the fraction of a copy's rate, measured in this test
+        nbytes = PASSES[pass_] * x.numel() * x.element_size()
         ms, ms_copy = _milliseconds(fn), _milliseconds(lambda: x.clone())
+        copy_scaled = ms_copy * PASSES[pass_] / 2  # the copy moves 2N
         benchmark.extra_info.update(bytes=nbytes, ms=ms, gbps=nbytes / ms / 1e6, copy_ms=ms_copy,
-                                    copy_gbps=nbytes / ms_copy / 1e6, pct_of_copy=100 * ms_copy / ms)
+                                    copy_gbps=2 * x.numel() * x.element_size() / ms_copy / 1e6,
+                                    pct_of_copy=100 * copy_scaled / ms)
