@@ -1,6 +1,7 @@
 """Every input check, in one place. Each error names the argument and says what was expected."""
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -33,7 +34,15 @@ class Checked(NamedTuple):
 
 
 def check_options(spec: NormSpec, eps, eps_mode, decay, layout, backend):
-    """The hyper-parameters; returns (decay as the kernels use it, layout normalized)."""
+    """The hyper-parameters; returns (decay as the kernels use it, layout normalized). A layer passes the
+    same ones on every call, so good ones are remembered (by value and type: True is not 1)."""
+    try:
+        return _options_seen(spec, eps, eps_mode, decay, layout, backend)
+    except TypeError:  # an unhashable argument: check it uncached, which names what is wrong
+        return _check_options(spec, eps, eps_mode, decay, layout, backend)
+
+
+def _check_options(spec: NormSpec, eps, eps_mode, decay, layout, backend):
     from .backends import NAMES
 
     layout = normalize_layout(layout)
@@ -51,6 +60,9 @@ def check_options(spec: NormSpec, eps, eps_mode, decay, layout, backend):
         if decay == 0 and spec.per_channel:
             raise ValueError(f"decay=0 makes {spec.name!r} a per-channel single-frame norm (variance 0): refused")
     return decay, layout
+
+
+_options_seen = functools.lru_cache(maxsize=1024, typed=True)(_check_options)  # errors are never cached
 
 
 def check_inputs(spec: NormSpec, x, weight, bias, eps, eps_mode, decay, lengths, state, return_state,
@@ -89,9 +101,10 @@ def check_inputs(spec: NormSpec, x, weight, bias, eps, eps_mode, decay, lengths,
             raise TypeError(f"lengths must be an integer tensor, got {lengths.dtype}")
         if lengths.device != x.device:
             raise ValueError(f"lengths is on {lengths.device} but x is on {x.device}")
-        if B and not torch.compiler.is_compiling() and (int(lengths.min()) < 0 or int(lengths.max()) > T):
-            raise ValueError(f"lengths must lie in [0, T={T}], got values in "
-                             f"[{int(lengths.min())}, {int(lengths.max())}]")
+        if B and not torch.compiler.is_compiling():
+            lo, hi = torch.stack(torch.aminmax(lengths)).tolist()  # one device sync, not two
+            if lo < 0 or hi > T:
+                raise ValueError(f"lengths must lie in [0, T={T}], got values in [{lo}, {hi}]")
         lengths = lengths.to(torch.int64)
 
     if (state is not None or return_state) and not spec.causal:

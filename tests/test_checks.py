@@ -247,6 +247,20 @@ def test_eps_zero_and_int_accepted():
     assert torch.equal(run("cln", x, eps=1), run("cln", x, eps=1.0))
 
 
+def test_remembered_options_still_refuse_lookalikes():
+    """Good options are remembered, by value and type: 1 and 1.0 accepted do not let True (== 1, same
+    hash) or decay=True through, and an unhashable argument still gets its own error."""
+    x = x_()
+    run("cln", x, eps=1)
+    run("emaln", x, decay=1)
+    with pytest.raises(ValueError, match=r"eps must be a finite number >= 0"):
+        run("cln", x, eps=True)
+    with pytest.raises(ValueError, match=r"decay must be a number in \[0, 1\]"):
+        run("emaln", x, decay=True)
+    with pytest.raises(ValueError, match=r"eps must be a finite number >= 0"):
+        run("cln", x, eps=[1e-5])
+
+
 @pytest.mark.parametrize("eps_mode", ["Inside", "in", "", None, "sqrt"])
 @pytest.mark.parametrize("name", NORMS)
 def test_unknown_eps_mode(name, eps_mode):
