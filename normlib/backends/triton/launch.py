@@ -248,7 +248,7 @@ def backward(gy, gsout, x, weight, lengths, sin, pre, *, per_channel, decay, eps
             gsin = gsin + gsout
     gw = gb = None
     if gwp is not None:  # deterministic: a fixed-order reduction of per-tile float32 partials
-        gw, gb = gwp[0].sum(dim=(0, 1)), gwp[1].sum(dim=(0, 1))
+        gw, gb = gwp[0].sum(dim=(0, 1)), gwp[1].sum(dim=(0, 1))  # not one sum + unbind: op outputs may not alias
     return gx, gw, gb, gsin
 
 
