@@ -49,7 +49,7 @@ def configs():
             common = dict(POOL_ALL=not pc, MODE=mode, PHASE=phase, HAS_W=full, HAS_LEN=full,
                           HAS_SIN=full and causal and mode != 0, EPS_OUTSIDE=full, BLOCK_C=bc, BLOCK_T=bt,
                           SPAN=2, WINDOW=launch.window_for(pc, B * ints["NCB"], 132), DETERMINISTIC=full, AGG_ONLY=False,
-                          STRIP=mode in (1, 2) and (B * ints["NCB"] >= launch.STRIP_PER_SM * 132 or full))
+                          STRIP=launch.strip_for(mode, B * ints["NCB"], pc, last, 132) or (mode in (1, 2) and full))
             for kernel, const in (
                     (running_norm_fwd, dict(common, HAS_B=full, STORE_SOUT=full and causal, STORE_PREFIX=full)),
                     (running_norm_bwd, dict(common, HAS_GSOUT=full and causal, STORE_GW=full))):

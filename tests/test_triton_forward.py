@@ -11,6 +11,8 @@ the kernel forgets to write fails the comparison.
 """
 import itertools
 
+import math
+
 import pytest
 import torch
 
@@ -472,6 +474,12 @@ def test_launcher_walks_sequences_in_one_program_only_when_there_are_enough():
     with tile_size(block_t=8):
         for name in ("cln", "ccemaln"):
             check_output(tri(name, dev(many)), dev(many), ref(name, many), F32, name)
+    # per-channel "b t c" tiles hold fewer programs per SM, so fewer sequences suffice
+    ncb_btc = -(-3 // launch.choose_tiles(3, 20, True, True, torch.device(DEVICE))[0])
+    enough = math.ceil(launch.STRIP_PER_SM_BTC * sms / ncb_btc)
+    btc = lambda n: make_x(n, 3, 20).transpose(1, 2).contiguous().transpose(1, 2)  # noqa: E731
+    assert launch.tiles_for(dev(btc(enough)), True, 1.0)[7] == 1
+    assert launch.tiles_for(dev(btc(enough - 1)), True, 1.0)[7] == 0
 
 
 def test_look_back_window_covers_one_sequences_tiles_in_flight():

@@ -13,6 +13,7 @@ from .kernels import running_norm_bwd, running_norm_fwd
 
 FRAME, CUMULATIVE, EMA, GLOBAL = 0, 1, 2, 3
 STRIP_PER_SM = 4  # running modes walk each sequence in one program when there are this many per SM
+STRIP_PER_SM_BTC = 1.5  # per-channel "b t c" tiles fill an SM with 2 programs (198 registers)
 _OVERRIDE: dict = {}
 _WORKSPACES: dict = {}
 _TILES: dict = {}
@@ -77,6 +78,13 @@ def window_for(per_channel, n_seq, num_sms) -> int:
     return min(max(in_flight, 4 if per_channel else 32), 32 if per_channel else 256)
 
 
+def strip_for(mode, n_seq, per_channel, channels_last, num_sms) -> bool:
+    """Whether a running mode walks each of its ``n_seq`` sequences (or channel blocks) in one program:
+    when they fill the GPU by themselves."""
+    per_sm = STRIP_PER_SM_BTC if per_channel and channels_last else STRIP_PER_SM
+    return mode in (CUMULATIVE, EMA) and n_seq >= per_sm * num_sms
+
+
 class Plan(NamedTuple):
     mode: int
     block_c: int
@@ -117,7 +125,8 @@ def _tiles_for(x, per_channel, decay) -> list[int]:
     span = _OVERRIDE.get("span", max(1, triton.cdiv(triton.cdiv(T, bt), want)))
     deterministic = torch.are_deterministic_algorithms_enabled()
     walk = bool(_OVERRIDE.get("walk")) and not deterministic  # a walk would hide the prefix it waits for
-    strip = time_mode(decay) in (CUMULATIVE, EMA) and _OVERRIDE.get("strip", B * ncb >= STRIP_PER_SM * _num_sms(x.device))
+    strip = _OVERRIDE.get("strip", strip_for(time_mode(decay), B * ncb, per_channel, channels_last,
+                                               _num_sms(x.device))) and time_mode(decay) in (CUMULATIVE, EMA)
     return [bc, bt, warps, window, span, int(walk), int(deterministic), int(strip)]
 
 
