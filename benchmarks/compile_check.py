@@ -45,11 +45,12 @@ def configs():
         ints = dict(**{f"s{a}{k}": v for a in "xygd" for k, v in st.items()}, B=B, C=C, T=T, NCB=triton.cdiv(C, bc) if pc else 1,
                     NT=triton.cdiv(T, bt), NSPAN=3)
         causal = mode != 3
-        for phase in ((1, 2) if mode == 3 else (0,)):
+        strip = launch.strip_for(mode, B * ints["NCB"], pc, last, 132, B * C * T * 4) or (mode != 0 and full)
+        for phase in ((2,) if mode == 3 and strip else (1, 2) if mode == 3 else (0,)):
             common = dict(POOL_ALL=not pc, MODE=mode, PHASE=phase, HAS_W=full, HAS_LEN=full,
                           HAS_SIN=full and causal and mode != 0, EPS_OUTSIDE=full, BLOCK_C=bc, BLOCK_T=bt,
-                          SPAN=2, WINDOW=launch.window_for(pc, B * ints["NCB"], 132), DETERMINISTIC=full, AGG_ONLY=False,
-                          STRIP=launch.strip_for(mode, B * ints["NCB"], pc, last, 132) or (mode in (1, 2) and full))
+                          SPAN=1 if strip else 2, WINDOW=launch.window_for(pc, B * ints["NCB"], 132),
+                          DETERMINISTIC=full, AGG_ONLY=False, STRIP=strip)
             for kernel, const in (
                     (running_norm_fwd, dict(common, HAS_B=full, STORE_SOUT=full and causal, STORE_PREFIX=full)),
                     (running_norm_bwd, dict(common, HAS_GSOUT=full and causal, STORE_GW=full))):

@@ -157,7 +157,7 @@ def _grid():
         if name in RUNNING:
             factors["tiles"] = ["walk", "strip"]
         if name in GLOBAL:
-            factors["tiles"] = ["span1", "span2"]
+            factors["tiles"] = ["span2", "strip"]  # spans of 1: the default here, in the other tests
         if spec.causal:
             factors.update(state_in=["nostate", "sin"], state_out=["noret", "sout"])
         if spec.per_channel:
@@ -178,7 +178,7 @@ def test_gradient_grid(name, row):
     """C=5 in tiles of 4 frames: T=13 (4 tiles, the last one frame long) where the look-back walks (windows
     of 2, so the walk crosses windows), T=9 (3 tiles) otherwise, by look-back or one program per sequence
     (strip); per-channel norms in one block of 8
-    channels or two of 4 (the second partial); GLOBAL in spans of 1 or 2 tiles. Lengths T, 7 (inside a
+    channels or two of 4 (the second partial); GLOBAL in spans of 2 tiles or one program per sequence. Lengths T, 7 (inside a
     tile) and 0 (B=3), else B=2; an incoming state whose second row is empty (weight 0); a loss on y and
     on all three fields of the returned state."""
     B, C, T = (3 if row["lengths"] == "len" else 2), 5, (13 if row["tiles"] == "walk" else 9)

@@ -107,12 +107,12 @@ def _grid():
             factors.update(state_in=["nostate", "sin"], state_out=["noret", "sout"])
         if SPECS[name].per_channel:
             factors.update(cblocks=["1cb", "2cb"])
-        if name in RUNNING:
+        if name in RUNNING + GLOBAL:  # GLOBAL: two launches, or one program per sequence reading it twice
             factors.update(tiles=["look", "strip"])
         for row in pairwise(factors):
             row = dict(dict(state_in="nostate", state_out="noret", cblocks="1cb", tiles="look"), **row)
             parts = [name, row["layout"], row["affine"], row["lengths"]]
-            parts += [row["tiles"]] if name in RUNNING else []
+            parts += [row["tiles"]] if name in RUNNING + GLOBAL else []
             parts += [row["cblocks"]] if SPECS[name].per_channel else []
             parts += [p for p in (row["state_in"], row["state_out"]) if p not in ("nostate", "noret")]
             parts += [f"eps{row['eps_mode']}", row["dtype"]]
@@ -462,17 +462,21 @@ def test_default_tiles_match_the_torch_backend_and_the_reference():
 
 def test_launcher_walks_sequences_in_one_program_only_when_there_are_enough():
     """Strip (one program per sequence) for CUMULATIVE and EMA once there are STRIP_PER_SM sequences (or
-    channel blocks) per SM; look-back below that; never for FRAME and GLOBAL. Both give the reference."""
+    channel blocks) per SM; look-back below that; for GLOBAL on small inputs; never for FRAME. All give the
+    reference."""
     sms = launch._num_sms(torch.device(DEVICE))
     need = launch.STRIP_PER_SM * sms
     few, many = make_x(2, 3, 20), make_x(need, 3, 20)
     for per_channel, decay in ((False, 1.0), (True, 0.5)):
         assert launch.tiles_for(dev(few), per_channel, decay)[7] == 0
         assert launch.tiles_for(dev(many), per_channel, decay)[7] == 1
-    for decay in (0.0, None):
-        assert launch.tiles_for(dev(many), False, decay)[7] == 0
+    assert launch.tiles_for(dev(many), False, 0.0)[7] == 0  # FRAME: nothing to carry
+    # GLOBAL: one launch that reads x twice (from L2) when x is small and has 32 sequences or more
+    assert launch.tiles_for(dev(make_x(32, 3, 20)), False, None)[7] == 1
+    assert launch.tiles_for(dev(make_x(31, 3, 20)), False, None)[7] == 0
+    assert not launch.strip_for(launch.GLOBAL, 64, False, False, sms, launch.GLOBAL_STRIP_BYTES + 1)
     with tile_size(block_t=8):
-        for name in ("cln", "ccemaln"):
+        for name in ("cln", "ccemaln", "gln", "instln"):
             check_output(tri(name, dev(many)), dev(many), ref(name, many), F32, name)
     # per-channel "b t c" tiles hold fewer programs per SM, so fewer sequences suffice
     ncb_btc = -(-3 // launch.choose_tiles(3, 20, True, True, torch.device(DEVICE))[0])

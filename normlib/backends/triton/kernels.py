@@ -483,11 +483,12 @@ def running_norm_fwd(
         ctr_ptr, x_ptr, len_ptr, sxb, sxc, B, C, T, NCB, NT, MODE, POOL_ALL, HAS_LEN, BLOCK_C, SC, False, STRIP)
     xb = x_ptr + b64 * sxb
 
-    if PHASE == 1:  # GLOBAL, first launch: one summary per span of SPAN tiles
+    # GLOBAL: one summary per span of SPAN tiles; a strip sums its whole sequence, then reads it again below
+    if PHASE == 1 or (MODE == 3 and STRIP):
         gw = tl.zeros([SC], dtype=tl.float32)
         gm = tl.zeros([SC], dtype=tl.float32)
         gq = tl.zeros([SC], dtype=tl.float32)
-        for k in range(SPAN):
+        for k in range(NT if STRIP else SPAN):
             offs_t = (it0 * SPAN + k) * BLOCK_T + tl.arange(0, BLOCK_T)
             m_t = (offs_t < T) & (offs_t < length)
             for c0 in range(0, CL, BLOCK_C):
@@ -496,11 +497,12 @@ def running_norm_fwd(
                 mk = _tile_sum(xk, POOL_ALL) / tl.where(n > 0, n, 1.0)
                 dev = tl.where(msk, xk - mk[:, None], 0.0)
                 gw, gm, gq, _d = merge(gw, gm, gq, 1.0, n, mk, _tile_sum(dev * dev, POOL_ALL), 1.0)
-        rec = (seq.to(tl.int64) * NSPAN + it0) * (3 * SC)
-        tl.store(ws_ptr + rec + 0 * SC + offs_s, gw)
-        tl.store(ws_ptr + rec + 1 * SC + offs_s, gm)
-        tl.store(ws_ptr + rec + 2 * SC + offs_s, gq)
-        return
+        if PHASE == 1:
+            rec = (seq.to(tl.int64) * NSPAN + it0) * (3 * SC)
+            tl.store(ws_ptr + rec + 0 * SC + offs_s, gw)
+            tl.store(ws_ptr + rec + 1 * SC + offs_s, gm)
+            tl.store(ws_ptr + rec + 2 * SC + offs_s, gq)
+            return
 
     # STRIP: the program walks every tile of its sequence in order and carries the prefix (no ticket, no
     # look-back); otherwise it owns one tile. The first tile's prefix is the incoming state.
@@ -530,9 +532,12 @@ def running_norm_fwd(
             xk, msk = _load(px, sxc, 0, offs_c, C, m_t, K)  # [BLOCK_C, BLOCK_T]
         ppre = pre_ptr + (seq.to(tl.int64) * NT + it) * (3 * SC) + offs_s
 
-        if MODE == 3:  # GLOBAL, second launch: reduce the span summaries of this sequence
-            mw, mm, mq = _span_reduce(ws_ptr, seq.to(tl.int64) * NSPAN * (3 * SC), NSPAN, offs_s, SC, WINDOW,
-                                      False)
+        if MODE == 3:  # GLOBAL, second launch: reduce the span summaries of this sequence (a strip has its own)
+            if STRIP:
+                mw, mm, mq = gw, gm, gq
+            else:
+                mw, mm, mq = _span_reduce(ws_ptr, seq.to(tl.int64) * NSPAN * (3 * SC), NSPAN, offs_s, SC, WINDOW,
+                                          False)
             if STORE_PREFIX:
                 if it == 0:
                     tl.store(ppre, mw)
@@ -616,10 +621,10 @@ def running_norm_bwd(
         mean1 = tl.load(ppre + SC)
         var1 = tl.load(ppre + 2 * SC) / tl.where(gw_ > 0, gw_, 1.0)
         r1 = _rstd(var1, eps, EPS_OUTSIDE)
-        if PHASE == 1:  # span sums of A = sum(g) and Bt = sum(g * xhat)
+        if PHASE == 1 or STRIP:  # span sums of A = sum(g) and Bt = sum(g * xhat) (a strip: its sequence's)
             sa = tl.zeros([SC], dtype=tl.float32)
             sb = tl.zeros([SC], dtype=tl.float32)
-            for k in range(SPAN):
+            for k in range(NT if STRIP else SPAN):
                 offs_t = (it * SPAN + k) * BLOCK_T + tl.arange(0, BLOCK_T)
                 m_t = (offs_t < T) & (offs_t < length)
                 for c0 in range(0, CL, BLOCK_C):
@@ -629,11 +634,12 @@ def running_norm_bwd(
                     xhat = tl.where(msk, (xk - mean1[:, None]) * r1[:, None], 0.0)
                     sa += _tile_sum(g, POOL_ALL)
                     sb += _tile_sum(g * xhat, POOL_ALL)
-            rec = (seq.to(tl.int64) * NSPAN + it) * (3 * SC)
-            tl.store(ws_ptr + rec + offs_s, sa)
-            tl.store(ws_ptr + rec + SC + offs_s, sb)
-            tl.store(ws_ptr + rec + 2 * SC + offs_s, tl.zeros([SC], tl.float32))
-            return
+            if PHASE == 1:
+                rec = (seq.to(tl.int64) * NSPAN + it) * (3 * SC)
+                tl.store(ws_ptr + rec + offs_s, sa)
+                tl.store(ws_ptr + rec + SC + offs_s, sb)
+                tl.store(ws_ptr + rec + 2 * SC + offs_s, tl.zeros([SC], tl.float32))
+                return
 
     # STRIP: the program walks every tile of its sequence from the last and carries the suffix sums (no
     # ticket, no look-back); otherwise it owns one tile
@@ -643,9 +649,11 @@ def running_norm_bwd(
     rec0 = seq.to(tl.int64) * NT * (6 * SC)
     d1 = tl.exp2(log2d)
     d_tile = tl.exp2(log2d * BLOCK_T)
-    if STRIP:  # the walk (from the last tile) reads each tile one step ahead, as in the forward
-        xn, mn = _load_tile(xb, sxt, sxc, NT - 1, T, length, offs_c, C, K, BLOCK_T)
-        gn, _m = _load_tile(gyb, sgt, sgc, NT - 1, T, length, offs_c, C, 0.0, BLOCK_T)
+    REV: tl.constexpr = MODE == 1 or MODE == 2  # suffix sums: the walk starts at the last tile
+    if STRIP:  # the walk reads each tile one step ahead, as in the forward
+        first = NT - 1 if REV else 0
+        xn, mn = _load_tile(xb, sxt, sxc, first, T, length, offs_c, C, K, BLOCK_T)
+        gn, _m = _load_tile(gyb, sgt, sgc, first, T, length, offs_c, C, 0.0, BLOCK_T)
     for step in range(NT if STRIP else 1):
         vt = vt0 + step
         it = vt
@@ -659,8 +667,9 @@ def running_norm_bwd(
         pg = gyb + offs_t.to(tl.int64)[None, :] * sgt
         if STRIP:
             xk, msk, gy = xn, mn, gn
-            xn, mn = _load_tile(xb, sxt, sxc, it - 1, T, length, offs_c, C, K, BLOCK_T)
-            gn, _m = _load_tile(gyb, sgt, sgc, it - 1, T, length, offs_c, C, 0.0, BLOCK_T)
+            nxt = it - 1 if REV else it + 1
+            xn, mn = _load_tile(xb, sxt, sxc, nxt, T, length, offs_c, C, K, BLOCK_T)
+            gn, _m = _load_tile(gyb, sgt, sgc, nxt, T, length, offs_c, C, 0.0, BLOCK_T)
         else:
             xk, msk = _load(px, sxc, 0, offs_c, C, m_t, K)
             gy, _m = _load(pg, sgc, 0, offs_c, C, m_t, 0.0)
@@ -673,7 +682,11 @@ def running_norm_bwd(
             sw = gw_[:, None] + tl.zeros([SC, BLOCK_T], tl.float32)
             rW = 1.0 / tl.where(sw > 0, sw, 1.0)
             r = _rstd(var, eps, EPS_OUTSIDE)
-            ta, tb, _ = _span_reduce(ws_ptr, seq.to(tl.int64) * NSPAN * (3 * SC), NSPAN, offs_s, SC, WINDOW, True)
+            if STRIP:
+                ta, tb = sa, sb
+            else:
+                ta, tb, _ = _span_reduce(ws_ptr, seq.to(tl.int64) * NSPAN * (3 * SC), NSPAN, offs_s, SC, WINDOW,
+                                         True)
             A = ta[:, None] + tl.zeros([SC, BLOCK_T], tl.float32)
             Bt = tb[:, None] + tl.zeros([SC, BLOCK_T], tl.float32)
         else:

@@ -14,6 +14,7 @@ from .kernels import running_norm_bwd, running_norm_fwd
 FRAME, CUMULATIVE, EMA, GLOBAL = 0, 1, 2, 3
 STRIP_PER_SM = 4  # running modes walk each sequence in one program when there are this many per SM
 STRIP_PER_SM_BTC = 1.5  # per-channel "b t c" tiles fill an SM with 2 programs (198 registers)
+GLOBAL_STRIP_BYTES = 32 << 20  # GLOBAL reads x twice in one launch below this size (L2: 50 MB H100, 60 MB H200)
 _OVERRIDE: dict = {}
 _WORKSPACES: dict = {}
 _TILES: dict = {}
@@ -78,9 +79,12 @@ def window_for(per_channel, n_seq, num_sms) -> int:
     return min(max(in_flight, 4 if per_channel else 32), 32 if per_channel else 256)
 
 
-def strip_for(mode, n_seq, per_channel, channels_last, num_sms) -> bool:
-    """Whether a running mode walks each of its ``n_seq`` sequences (or channel blocks) in one program:
-    when they fill the GPU by themselves."""
+def strip_for(mode, n_seq, per_channel, channels_last, num_sms, nbytes) -> bool:
+    """Whether each of ``n_seq`` sequences (or channel blocks) is walked by one program: for the running
+    modes when they fill the GPU by themselves; for GLOBAL when x is small enough to be read again from L2
+    and there are enough sequences to share the SMs, which saves a launch (small calls are host-bound)."""
+    if mode == GLOBAL:
+        return nbytes <= GLOBAL_STRIP_BYTES and n_seq >= 32
     per_sm = STRIP_PER_SM_BTC if per_channel and channels_last else STRIP_PER_SM
     return mode in (CUMULATIVE, EMA) and n_seq >= per_sm * num_sms
 
@@ -126,7 +130,8 @@ def _tiles_for(x, per_channel, decay) -> list[int]:
     deterministic = torch.are_deterministic_algorithms_enabled()
     walk = bool(_OVERRIDE.get("walk")) and not deterministic  # a walk would hide the prefix it waits for
     strip = _OVERRIDE.get("strip", strip_for(time_mode(decay), B * ncb, per_channel, channels_last,
-                                               _num_sms(x.device))) and time_mode(decay) in (CUMULATIVE, EMA)
+                                               _num_sms(x.device), x.numel() * x.element_size()))
+    strip = bool(strip) and time_mode(decay) != FRAME
     return [bc, bt, warps, window, span, int(walk), int(deterministic), int(strip)]
 
 
@@ -171,7 +176,9 @@ def _launch(kernel, p: Plan, tiles, x, B, per_channel, **kw):
     flags = dict(POOL_ALL=not per_channel, MODE=p.mode, BLOCK_C=p.block_c, BLOCK_T=p.block_t, WINDOW=p.window,
                  DETERMINISTIC=bool(tiles[6]), AGG_ONLY=bool(tiles[5]), STRIP=strip, num_warps=p.warps)
     sizes = dict(B=B, C=x.shape[1], T=x.shape[2], NCB=p.ncb, NT=p.nt, NSPAN=p.nspan, log2d=p.log2d)
-    if p.mode == GLOBAL:
+    if p.mode == GLOBAL and strip:  # one launch: each program sums its sequence, then normalizes it
+        kernel[(B * p.ncb,)](**kw, ws_ptr=x, ctr_ptr=x, **sizes, PHASE=2, SPAN=1, **flags)
+    elif p.mode == GLOBAL:
         ws = torch.empty(B * p.ncb * p.nspan * 3 * p.sc, dtype=torch.float32, device=x.device)
         for phase, grid in ((1, (B * p.ncb * p.nspan,)), (2, (B * p.ncb * p.nt,))):
             kernel[grid](**kw, ws_ptr=ws, ctr_ptr=ws, **sizes, PHASE=phase, SPAN=p.span, **flags)
