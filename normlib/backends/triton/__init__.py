@@ -82,6 +82,8 @@ def _setup(ctx, inputs, output):
 
 def _grads(bwd, ctx, gy, gsout):
     x, weight, lengths, state, pre = ctx.saved_tensors
+    if gy is None:  # only the state was used (eager calls do not materialize unused gradients)
+        gy = torch.zeros_like(x)
     need_w = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
     if not ctx.return_state:
         gsout = None
@@ -110,6 +112,7 @@ class _EagerNorm(torch.autograd.Function):
         out = launch.forward(x, weight, bias, lengths, state, per_channel=per_channel, decay=decay, eps=eps,
                              eps_outside=eps_outside, return_state=return_state, save=save, tiles=tiles)
         _setup(ctx, inputs, out)
+        ctx.set_materialize_grads(False)  # no zero-filled gradients of the state and prefixes to launch
         return out
 
     @staticmethod
