@@ -40,12 +40,12 @@ def configs():
     seen = set()
     for (B, C, T), last, pc, mode, dt, full in itertools.product(
             SHAPES, (False, True), (False, True), (0, 1, 2, 3), ("fp32", "bf16"), (False, True)):
-        bc, bt, warps = launch.choose_tiles(C, T, pc, last, None, frame=mode == 0)
+        bc, bt, warps, strip = launch.choose_launch(B, C, T, pc, last, mode, 132, B * C * T * 4)
         st = dict(b=C * T, c=1 if last else T, t=C if last else 1)
         ints = dict(**{f"s{a}{k}": v for a in "xygd" for k, v in st.items()}, B=B, C=C, T=T, NCB=triton.cdiv(C, bc) if pc else 1,
                     NT=triton.cdiv(T, bt), NSPAN=3)
         causal = mode != 3
-        strip = launch.strip_for(mode, B * ints["NCB"], pc, last, 132, B * C * T * 4) or (mode != 0 and full)
+        strip = strip or (mode != 0 and full)  # the strip variant of every running mode, too
         for phase in ((2,) if mode == 3 and strip else (1, 2) if mode == 3 else (0,)):
             common = dict(POOL_ALL=not pc, MODE=mode, PHASE=phase, HAS_W=full, HAS_LEN=full,
                           HAS_SIN=full and causal and mode != 0, EPS_OUTSIDE=full, BLOCK_C=bc, BLOCK_T=bt,

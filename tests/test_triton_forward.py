@@ -498,6 +498,23 @@ def test_launcher_walks_sequences_in_one_program_only_when_there_are_enough():
     assert launch.tiles_for(dev(btc(enough - 1)), True, 1.0)[7] == 0
 
 
+def test_pooled_strip_tiles_are_smaller():
+    """A pooled strip walk holds two tiles (it prefetches), so its tiles shrink to STRIP_TILE elements over
+    8 warps, where the look-back's [128, 64] at 4 warps would spill; forward and backward still agree with
+    the reference on that tiling."""
+    x = make_x(64, 130, 70)  # 2.3 MB: GLOBAL walks it in strips
+    bc, bt, warps, *_, strip = launch.tiles_for(dev(x), False, None)
+    bc0, bt0, warps0 = launch.choose_tiles(130, 70, False, False, None)
+    assert strip == 1 and bc == bc0 and bc * bt <= launch.STRIP_TILE < bc0 * bt0 and warps == 8
+    assert launch.tiles_for(dev(x[:2]), False, None)[:3] == [bc0, bt0, warps0]  # look-back: unchanged
+    check_output(tri("gln", dev(x)), dev(x), ref("gln", x), F32, "gln")
+    gy = make_x(64, 130, 70)
+    xg, xr = dev(x).requires_grad_(), x.double().requires_grad_()
+    (got,) = torch.autograd.grad(tri("gln", xg), [xg], dev(gy))
+    (want,) = torch.autograd.grad(normlib.functional.gln(xr, backend="torch"), [xr], gy.double())
+    assert_rel(got, want, 1e-5, "gln dx")
+
+
 def test_look_back_window_covers_one_sequences_tiles_in_flight():
     """Few sequences: a tile's in-flight predecessors are many, so the window widens (to 128 pooled, 32 per
     channel) and one poll reaches a published prefix; many sequences keep the polls small. A 256-record
