@@ -14,7 +14,6 @@ from .kernels import running_norm_bwd, running_norm_fwd
 FRAME, CUMULATIVE, EMA, GLOBAL = 0, 1, 2, 3
 STRIP_PER_SM = 4  # running modes walk each sequence in one program when there are this many per SM
 STRIP_PER_SM_BTC = 1.5  # per-channel "b t c" tiles fill an SM with 2 programs (198 registers)
-STRIP_TILE = 4096  # elements of a pooled strip tile: the walk holds two tiles of x (and dy), 16 per thread at 8 warps
 GLOBAL_STRIP_BYTES = 32 << 20  # GLOBAL reads x twice in one launch below this size (L2: 50 MB H100, 60 MB H200)
 _OVERRIDE: dict = {}
 _WORKSPACES: dict = {}
@@ -52,15 +51,14 @@ def _num_sms(device) -> int:
 def choose_tiles(C, T, per_channel, channels_last, device, frame=False):
     """(BLOCK_C, BLOCK_T, num_warps), from the H200 sweeps (benchmarks/sweep.py, RESULTS.md): rows of at
     128 bytes or more along the contiguous dim, 4 warps. A pooled tile spans all channels and is visited in
-    chunks of BLOCK_C, so its registers do not grow with C. FRAME has no look-back to hide, so its pooled
-    tiles hold up to 512 channels in registers at once (no second read from L2)."""
+    chunks of BLOCK_C, so its registers do not grow with C. FRAME's pooled tiles are [128, 32]: all 512
+    channels at once spilled (frameln (16, 512, 16000) "b t c" backward: 0.30 of a copy at [512, 32], 0.78
+    at [128, 32])."""
     c2, t2 = triton.next_power_of_2(max(C, 1)), triton.next_power_of_2(max(T, 1))
     if per_channel:
         block_c = min(32 if channels_last else 4, c2)
         block_t = min(t2, 64 if channels_last else 128)
-    elif frame and c2 <= 512:
-        block_c, block_t = c2, min(t2, 32)
-    elif channels_last:
+    elif channels_last or frame:
         block_c, block_t = min(c2, 128), min(t2, 32)
     else:
         block_c, block_t = min(c2, 128), min(t2, 64)
@@ -93,14 +91,14 @@ def strip_for(mode, n_seq, per_channel, channels_last, num_sms, nbytes) -> bool:
 
 def choose_launch(B, C, T, per_channel, channels_last, mode, num_sms, nbytes):
     """(BLOCK_C, BLOCK_T, num_warps, strip) for a (B, C, T) input. A pooled strip walk prefetches the next
-    tile, so its tiles are smaller and spread over 8 warps: [128, 64] at 4 warps spilled 0.6-2 KB per thread
-    under Triton 3.6 (the GLOBAL backward took 330 µs on (64, 128, 500) fp32, a copy 7 µs)."""
+    tile, so its tiles spread over 8 warps: [128, 64] at 4 warps spilled 0.6-2 KB per thread under Triton 3.6
+    and the GLOBAL backward took 330 µs on (64, 128, 500) fp32 (a copy: 13 µs); at 8 warps 80 bytes, and
+    116 µs. Smaller tiles ([128, 32]) spill nothing but double the walk's steps (forward 43 µs against 34)."""
     bc, bt, warps = choose_tiles(C, T, per_channel, channels_last, None, frame=mode == FRAME)
     ncb = triton.cdiv(C, bc) if per_channel else 1
     strip = _OVERRIDE.get("strip", strip_for(mode, B * ncb, per_channel, channels_last, num_sms, nbytes))
     strip = bool(strip) and mode != FRAME
-    if strip and not per_channel and "block_t" not in _OVERRIDE:
-        bt = max(1, min(bt, STRIP_TILE // bc))
+    if strip and not per_channel:
         warps = _OVERRIDE.get("warps", 8)
     return bc, bt, warps, strip
 
