@@ -69,14 +69,16 @@ def choose_tiles(C, T, per_channel, channels_last, device, frame=False):
 
 def window_for(per_channel, n_seq, num_sms) -> int:
     """Look-back window (records read per poll): about the number of one sequence's tiles in flight
-    (tickets go tile-major, so with ``n_seq`` sequences or channel blocks a tile's in-flight predecessors
-    are about resident tiles / n_seq back; an SM holds about 2 pooled tiles, 8 per-channel ones). A poll
-    that meets only aggregates walks one more window, so few sequences need wide windows; many need few
-    (per channel: 4 to 32 records of BLOCK_C channels, so the polls' L2 traffic stays below the tile's
-    own). Pooled windows stop at 128: on the H200 one or two sequences ran faster with 128 than with 256
-    (cln (1, 128, 256000): 202 against 251 µs fp32, 191 against 239 bf16, 281 against 389 "b t c")."""
-    in_flight = triton.next_power_of_2(max(1, (8 if per_channel else 2) * num_sms // max(1, n_seq)))
-    return min(max(in_flight, 4 if per_channel else 32), 32 if per_channel else 128)
+    (tickets go tile-major, so with ``n_seq`` sequences a tile's in-flight predecessors are about 2 x SMs
+    / n_seq back). A poll that meets only aggregates walks one more window, so few sequences need wide
+    windows; many need few. Pooled: 32 to 128 records (with one or two sequences 128 beat 256 on the H200:
+    cln (1, 128, 256000) 202 against 251 µs fp32, 281 against 389 "b t c"). Per channel: always 4 records
+    of BLOCK_C channels, whose polls cost L2 traffic of their own; wider ones were slower on the H200
+    (ccln (2, 256, 64000) "b t c": 511 µs at 4, 764 at 32)."""
+    if per_channel:
+        return 4
+    in_flight = triton.next_power_of_2(max(1, 2 * num_sms // max(1, n_seq)))
+    return min(max(in_flight, 32), 128)
 
 
 def strip_for(mode, n_seq, per_channel, channels_last, num_sms, nbytes) -> bool:
