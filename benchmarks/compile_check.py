@@ -5,7 +5,8 @@ before a GPU session is spent on them. Each compile runs in its own process (an 
     PYTHONPATH=. python benchmarks/compile_check.py [--jobs N]
 
 With --resources, it prints each compile's registers, spill stack and static SASS instruction count
-(Triton's bundled cuobjdump), a GPU-free proxy for a kernel's arithmetic and occupancy, e.g.
+(Triton's bundled cuobjdump), and a static bound: the time the busiest pipe alone needs for the whole
+input (a GPU-free proxy for a kernel's arithmetic and occupancy), e.g.
 
     PYTHONPATH=. python benchmarks/compile_check.py --resources --shape 16,512,16000 \
         --match POOL_ALL=False,MODE=1,HAS_W=False,layout=bct
@@ -18,6 +19,7 @@ import inspect
 import itertools
 import multiprocessing as mp
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -85,26 +87,63 @@ def compile_one(args):
     return k
 
 
-def resources(k) -> str:
-    """Registers, spill stack and SASS instruction count (the 6 most frequent opcodes) of a compile."""
+# H200 pipes, warp-instructions per clock per SM: issue 4, shuffles 1 (32 lanes), FP64 2 (64 lanes; the
+# float32 <-> float64 conversions F2F run there too), MUFU 0.5 (16 lanes)
+SMS, GHZ = 132, 1.98
+FP64_OPS = ("DADD", "DFMA", "DMUL", "DSETP", "F2F")
+
+
+def _sass(k) -> tuple[str, str]:
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(k.asm["cubin"])
         f.flush()
         res = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
         sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True).stdout
+    return res, sass
+
+
+def _opcodes(sass, hot_loop):
+    """Opcode counts of the whole kernel, or of its longest loop (a strip's walk over its tiles)."""
+    ins = [m.groups() for m in re.finditer(r"/\*([0-9a-f]{4})\*/\s+([^;]*);", sass)]
+    ins = [(int(a, 16), t.split()) for a, t in ins if t.strip()]
+    if hot_loop:
+        loops = [(int(b.group(1), 16), a) for a, t in ins
+                 for b in [re.search(r"(0x[0-9a-f]+)", " ".join(t))] if "BRA" in " ".join(t) and b
+                 and int(b.group(1), 16) < a]
+        if loops:
+            lo, hi = max(loops, key=lambda l: l[1] - l[0])
+            ins = [(a, t) for a, t in ins if lo <= a <= hi]
+    return collections.Counter((t[1] if t[0].startswith("@") else t[0]).split(".")[0] for _, t in ins)
+
+
+def resources(k, const=None, ints=None, warps=4) -> str:
+    """Registers, spill stack and SASS instruction count (the 6 most frequent opcodes) of a compile. Given
+    the compile's constants and sizes, also a static cost: warp-instructions per element of one tile (for a
+    strip, of its walk's loop; otherwise of the whole kernel, each loop counted once) and the time that
+    the busiest pipe alone would take over the whole input on an H200. A GPU-free proxy: a kernel whose
+    bound exceeds the copy's time cannot reach it whatever its memory access."""
+    res, sass = _sass(k)
     usage = " ".join(w for line in res.splitlines() if "REG:" in line for w in line.split()
                      if w.startswith(("REG:", "STACK:")))
-    ops = [line.split("*/")[1].split(";")[0].split() for line in sass.splitlines()
-           if line.strip().startswith("/*") and ";" in line]
-    ops = collections.Counter((o[1] if o[0].startswith("@") else o[0]).split(".")[0] for o in ops if o)
-    return f"{usage} SASS:{sum(ops.values())} " + " ".join(f"{n}:{c}" for n, c in ops.most_common(6))
+    ops = _opcodes(sass, False)
+    out = f"{usage} SASS:{sum(ops.values())} " + " ".join(f"{n}:{c}" for n, c in ops.most_common(6))
+    if const is None:
+        return out
+    hot = _opcodes(sass, const["STRIP"])
+    per = warps / (const["BLOCK_C"] * const["BLOCK_T"])  # one pass of the code per tile
+    n, shfl, f64, mufu = (sum(hot.values()), hot["SHFL"], sum(hot[o] for o in FP64_OPS), hot["MUFU"])
+    clk = max(n / 4, shfl, f64 / 2, mufu * 2) * per  # per element, per SM
+    us = clk * ints["B"] * ints["C"] * ints["T"] / SMS / (GHZ * 1e3)
+    return out + (f" | {n * per:.2f} warp-inst/elem (SHFL {shfl * per:.2f}, FP64 {f64 * per:.2f}), "
+                  f"pipe bound {us:.0f} µs")
 
 
 def _child(args, q, report):
     try:
         k = compile_one(args)
-        q.put(("ok", resources(k) if report else ""))
+        kernel, const, ints, dt, warps, _ = args
+        q.put(("ok", resources(k, const, ints, warps) if report else ""))
     except Exception as e:  # noqa: BLE001
         q.put(("error", str(e).splitlines()[-1][:200]))
 

@@ -513,6 +513,17 @@ def test_pooled_strip_walks_run_on_8_warps():
     assert_rel(got, want, 1e-5, "gln dx")
 
 
+def test_per_channel_global_tiles_are_larger():
+    """instln's "b c t" tiles wait for no look-back, so they are larger (their setup is paid per tile), and
+    they still give the reference with several channel blocks and tiles per sequence."""
+    ct = launch.choose_tiles
+    assert ct(512, 16000, True, False, None, launch.GLOBAL) == (8, 256, 4)
+    assert ct(512, 16000, True, False, None, launch.CUMULATIVE) == (4, 128, 4)
+    assert ct(512, 16000, True, True, None, launch.GLOBAL) == ct(512, 16000, True, True, None)
+    x = make_x(2, 19, 600)
+    check_output(tri("instln", dev(x)), dev(x), ref("instln", x), F32, "instln")
+
+
 def test_look_back_window_covers_one_sequences_tiles_in_flight():
     """Few pooled sequences: a tile's in-flight predecessors are many, so the window widens (to 128) and one
     poll reaches a published prefix; many sequences keep the polls small. Per-channel windows stay at 4

@@ -48,17 +48,23 @@ def _num_sms(device) -> int:
     return 4
 
 
-def choose_tiles(C, T, per_channel, channels_last, device, frame=False):
+def choose_tiles(C, T, per_channel, channels_last, device, mode=CUMULATIVE):
     """(BLOCK_C, BLOCK_T, num_warps), from the H200 sweeps (benchmarks/sweep.py, RESULTS.md): rows of at
     128 bytes or more along the contiguous dim, 4 warps. A pooled tile spans all channels and is visited in
     chunks of BLOCK_C, so its registers do not grow with C. FRAME's pooled tiles are [128, 32]: all 512
     channels at once spilled (frameln (16, 512, 16000) "b t c" backward: 0.30 of a copy at [512, 32], 0.78
-    at [128, 32])."""
+    at [128, 32]). Per-channel GLOBAL tiles (instln) in "b c t" are 4 times larger: with no look-back to
+    hide, a [4, 128] tile's per-program setup was most of its instructions (2.3 warp-instructions per
+    element against 0.9 at [8, 256] forward, 2.2 against 1.1 backward, `compile_check.py --resources`;
+    "b t c" gains less, and its strip walk would spill)."""
     c2, t2 = triton.next_power_of_2(max(C, 1)), triton.next_power_of_2(max(T, 1))
     if per_channel:
-        block_c = min(32 if channels_last else 4, c2)
-        block_t = min(t2, 64 if channels_last else 128)
-    elif channels_last or frame:
+        if channels_last:
+            block_c, block_t = min(32, c2), min(t2, 64)
+        else:
+            grow = 2 if mode == GLOBAL else 1
+            block_c, block_t = min(4 * grow, c2), min(t2, 128 * grow)
+    elif channels_last or mode == FRAME:
         block_c, block_t = min(c2, 128), min(t2, 32)
     else:
         block_c, block_t = min(c2, 128), min(t2, 64)
@@ -96,7 +102,7 @@ def choose_launch(B, C, T, per_channel, channels_last, mode, num_sms, nbytes):
     tile, so its tiles spread over 8 warps: [128, 64] at 4 warps spilled 0.6-2 KB per thread under Triton 3.6
     and the GLOBAL backward took 330 µs on (64, 128, 500) fp32 (a copy: 13 µs); at 8 warps 80 bytes, and
     116 µs. Smaller tiles ([128, 32]) spill nothing but double the walk's steps (forward 43 µs against 34)."""
-    bc, bt, warps = choose_tiles(C, T, per_channel, channels_last, None, frame=mode == FRAME)
+    bc, bt, warps = choose_tiles(C, T, per_channel, channels_last, None, mode)
     ncb = triton.cdiv(C, bc) if per_channel else 1
     strip = _OVERRIDE.get("strip", strip_for(mode, B * ncb, per_channel, channels_last, num_sms, nbytes))
     strip = bool(strip) and mode != FRAME
