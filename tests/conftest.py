@@ -84,7 +84,7 @@ def _seed():
 # Hypothesis: a few hundred examples per run in total ("ci"); more with HYPOTHESIS_PROFILE=dev.
 # ---------------------------------------------------------------------------------------------------
 _HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
-settings.register_profile("ci", max_examples=60, deadline=None, suppress_health_check=_HEALTH,
+settings.register_profile("ci", max_examples=60, deadline=None, suppress_health_check=_HEALTH, derandomize=True,
                           print_blob=True)
 settings.register_profile("dev", max_examples=500, deadline=None, suppress_health_check=_HEALTH,
                           print_blob=True)

@@ -364,6 +364,38 @@ def test_emaln_decay_0_is_frameln():
         assert_rel(tri("emaln", x, decay=0.0), tri("frameln", x), 1e-6, "emaln(decay=0) vs frameln")
 
 
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("name", ["frameln", "emaln"])
+def test_frame_statistics_keep_a_small_spread_far_from_frame_0(name, backend, layout):
+    """Frames drifting by ~1 with a spread of 1e-3: a shift by frame 0 (not by each frame's own value)
+    rounds x - K to ~6e-8 absolute, 1e-4 of the spread (found by hypothesis: emaln decay 0, C = 2)."""
+    B, C, T = 2, 6, 19
+    g = torch.Generator().manual_seed(5)
+    drift = torch.randn(B, 1, T, dtype=torch.float64, generator=g).cumsum(-1)
+    x = (drift + 1e-3 * torch.randn(B, C, T, dtype=torch.float64, generator=g)).to(F32)
+    if layout == "btc":
+        x = x.transpose(1, 2).contiguous()
+    kw = dict(layout=LAYOUTS[layout], **({"decay": 0.0} if name == "emaln" else {}))
+    xd = dev(x).detach().clone().requires_grad_()
+    gy = torch.randn(x.shape, dtype=torch.float64, generator=g)
+    ys, state = [], None
+    with tile_size(block_t=8, block_c=4):
+        for chunk in xd.split([7, 1, 11], dim=2 if layout == "bct" else 1):
+            y, state = getattr(normlib.functional, name)(chunk, None, None, 1e-8, backend=backend, state=state,
+                                                         return_state=True, **kw)
+            ys.append(y)
+        y = time_cat(ys, LAYOUTS[layout])
+        (y.double() * dev(gy)).sum().backward()
+    x64 = x.detach().double().requires_grad_()
+    y_ref, s_ref = ref(name, x64, return_state=True, **kw)
+    (y_ref * gy).sum().backward()
+    assert_rel(y, y_ref, TOL[F32], "y")
+    assert_rel(state.m, s_ref.m, STATE_TOL, "state.m")
+    assert_rel(state.m2, s_ref.m2, 1e-4, "state.m2")  # a sum of squares of 1e-3 spreads, in float32
+    assert_rel(xd.grad, x64.grad, 1e-4, "dx")  # dx of a 1e-3 spread is ~1e3 dy: conditioned to match
+
+
 # ---------------------------------------------------------------------------------------------------
 # Gradients: the Triton path's backward against the torch backend's autograd
 # ---------------------------------------------------------------------------------------------------

@@ -46,9 +46,13 @@ def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mod
     xs = torch.where(valid, x.to(sd), 0)  # padding is never read, not even as NaN
 
     # Work on x - K, K frame 0's mean per sequence (per channel): x - K is exact near K (Sterbenz), so a
-    # DC offset costs no digits in mu or in x - mu. The float64 state is shifted by the same K.
-    K = (xs[..., :1] if per_channel else xs[..., :1].mean(1, keepdim=True)).detach()  # (B, C|1, 1)
-    if state is not None:
+    # DC offset costs no digits in mu or in x - mu. The float64 state is shifted by the same K. FRAME
+    # statistics (decay 0) shift each frame by its own channel 0: a frame far from frame 0 keeps its digits.
+    if decay == 0:
+        K = (xs if per_channel else xs[:, :1]).detach()  # (B, C|1, T)
+    else:
+        K = (xs[..., :1] if per_channel else xs[..., :1].mean(1, keepdim=True)).detach()  # (B, C|1, 1)
+    if state is not None and decay != 0:
         Ks = K.reshape(state.m.shape).double()
         rel = NormState(state.w.to(sd), (state.m - Ks).to(sd), state.m2.to(sd))
     xs = torch.where(valid, xs - K, 0)
@@ -77,8 +81,9 @@ def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mod
     # the state after frame lengths[b] - 1, in float64 with the shift added back
     last = torch.full((B,), T, device=x.device) if lengths is None else lengths
     idx = (last - 1).clamp_min(0).view((B,) + (1,) * (s.w.dim() - 1)).expand(s.w.shape[:-1] + (1,))
-    w, m, m2 = (t.gather(-1, idx)[..., 0].double() for t in s)
-    out = NormState(w, m + K.reshape(m.shape).double(), m2)
+    Ks = (K if per_channel else K[:, 0]).expand(s.m.shape)
+    w, m, m2, k = (t.gather(-1, idx)[..., 0].double() for t in (*s, Ks))
+    out = NormState(w, m + k, m2)
     if state is None:
         return y, out
     keep = (last == 0).view((B,) + (1,) * (w.dim() - 1))  # no frame seen: the incoming state

@@ -20,7 +20,8 @@ reader tells a word written by this launch from a stale one without a fence or a
 epoch comes from the ticket counter itself (epoch << 32 | ticket), which the last ticket advances.
 
 Statistics are float32 Chan merges of x - K, K a per-sequence (per-channel) shift: frame 0's mean (or
-value); an incoming float64 state is shifted by K in float64. GLOBAL runs the same tile code in two launches (PHASE 1: per-span summaries;
+value); an incoming float64 state is shifted by K in float64. FRAME shifts each frame by its own channel 0
+instead, so a frame far from frame 0 loses no digits of its small spread. GLOBAL runs the same tile code in two launches (PHASE 1: per-span summaries;
 PHASE 2: reduce them and finish). The backward's math is derived in docs/math.md.
 """
 import triton
@@ -270,6 +271,16 @@ def _shift(x_ptr, b64, sxb, sxc, offs_c, C, CL, length, BLOCK_C: tl.constexpr, P
 
 
 @triton.jit
+def _frame_shift(p, m_t, K, MODE: tl.constexpr):
+    """The shift of a tile's frames: K, or in FRAME each frame's channel 0 ([1, BLOCK_T]; p holds their
+    addresses), a value inside the frame's own spread."""
+    if MODE == 0:
+        return tl.load(p, mask=m_t[None, :], other=0.0).to(tl.float32)
+    else:
+        return K
+
+
+@triton.jit
 def _load(p, sxc, c0, offs_c, C, m_t, K):
     """Channels c0 + offs_c of a tile as float32 minus K, 0 outside the mask: (values, mask). ``p`` holds
     the [1, BLOCK_T] addresses of channel 0."""
@@ -453,7 +464,9 @@ def _tile(ctr_ptr, x_ptr, len_ptr, sxb, sxc, B, C, T, NCB, NT, MODE: tl.constexp
     CL = BLOCK_C
     if POOL_ALL:
         CL = C
-    K = _shift(x_ptr, b64, sxb, sxc, offs_c, C, CL, length, BLOCK_C, POOL_ALL)
+    K = tl.zeros([BLOCK_C, 1], tl.float32)
+    if MODE != 0:  # FRAME shifts frame by frame (_frame_shift)
+        K = _shift(x_ptr, b64, sxb, sxc, offs_c, C, CL, length, BLOCK_C, POOL_ALL)
     return it, vt, seq, tag, b64, offs_c, m_c, tl.arange(0, SC), length, s_off, s_ok, NS, K, CL
 
 
@@ -525,11 +538,12 @@ def running_norm_fwd(
         offs_t = t0 + tl.arange(0, BLOCK_T)
         m_t = (offs_t < T) & (offs_t < length)
         px = xb + offs_t.to(tl.int64)[None, :] * sxt
+        Kt = _frame_shift(px, m_t, K, MODE)
         if STRIP:
             xk, msk = xn, mn
             xn, mn = _load_tile(xb, sxt, sxc, it + 1, T, length, offs_c, C, K, BLOCK_T)
         else:
-            xk, msk = _load(px, sxc, 0, offs_c, C, m_t, K)  # [BLOCK_C, BLOCK_T]
+            xk, msk = _load(px, sxc, 0, offs_c, C, m_t, Kt)  # [BLOCK_C, BLOCK_T]
         ppre = pre_ptr + (seq.to(tl.int64) * NT + it) * (3 * SC) + offs_s
 
         if MODE == 3:  # GLOBAL, second launch: reduce the span summaries of this sequence (a strip has its own)
@@ -548,7 +562,7 @@ def running_norm_fwd(
         else:
             sw, sm, sq = _frame_stats(xk, msk, POOL_ALL)
             for c0 in range(BLOCK_C, CL, BLOCK_C):
-                xc, mc = _load(px, sxc, c0, offs_c, C, m_t, K)
+                xc, mc = _load(px, sxc, c0, offs_c, C, m_t, Kt)
                 cw_, cm_, cq_ = _frame_stats(xc, mc, POOL_ALL)
                 sw, sm, sq, _d = merge(sw, sm, sq, 1.0, cw_, cm_, cq_, 1.0)
             if MODE != 0:
@@ -573,15 +587,15 @@ def running_norm_fwd(
         in_t = offs_t < T  # padding frames are written as 0
         _write_y(py, syc, xk, msk, mean, r, 0, offs_c, C, in_t, w_ptr, b_ptr, HAS_W, HAS_B)
         for c0 in range(BLOCK_C, CL, BLOCK_C):
-            xc, mc = _load(px, sxc, c0, offs_c, C, m_t, K)
+            xc, mc = _load(px, sxc, c0, offs_c, C, m_t, Kt)
             _write_y(py, syc, xc, mc, mean, r, c0, offs_c, C, in_t, w_ptr, b_ptr, HAS_W, HAS_B)
 
         if STORE_SOUT:  # the state after frame length - 1, written by the tile that holds that frame
             at = (offs_t == length - 1)[None, :]
             if (t0 <= length - 1) & (length - 1 < t0 + BLOCK_T):
                 tl.store(sout_ptr + s_off, _pick(sw, at).to(tl.float64), mask=s_ok)
-                tl.store(sout_ptr + NS + s_off, _pick(sm, at).to(tl.float64) + tl.sum(K, axis=1).to(tl.float64),
-                         mask=s_ok)
+                ks = _pick(Kt + tl.zeros([SC, BLOCK_T], tl.float32), at)
+                tl.store(sout_ptr + NS + s_off, _pick(sm, at).to(tl.float64) + ks.to(tl.float64), mask=s_ok)
                 tl.store(sout_ptr + 2 * NS + s_off, _pick(sq, at).to(tl.float64), mask=s_ok)
 
 
@@ -665,13 +679,14 @@ def running_norm_bwd(
         m_t = (offs_t < T) & (offs_t < length)
         px = xb + offs_t.to(tl.int64)[None, :] * sxt
         pg = gyb + offs_t.to(tl.int64)[None, :] * sgt
+        Kt = _frame_shift(px, m_t, K, MODE)
         if STRIP:
             xk, msk, gy = xn, mn, gn
             nxt = it - 1 if REV else it + 1
             xn, mn = _load_tile(xb, sxt, sxc, nxt, T, length, offs_c, C, K, BLOCK_T)
             gn, _m = _load_tile(gyb, sgt, sgc, nxt, T, length, offs_c, C, 0.0, BLOCK_T)
         else:
-            xk, msk = _load(px, sxc, 0, offs_c, C, m_t, K)
+            xk, msk = _load(px, sxc, 0, offs_c, C, m_t, Kt)
             gy, _m = _load(pg, sgc, 0, offs_c, C, m_t, 0.0)
         at = (offs_t == length - 1)[None, :]  # the frame of the outgoing state
 
@@ -695,7 +710,7 @@ def running_norm_bwd(
             A = _group_sum(g, POOL_ALL)
             G = _group_sum(g * tl.where(msk, xk - sm, 0.0), POOL_ALL)
             for c0 in range(BLOCK_C, CL, BLOCK_C):
-                xc, mc = _load(px, sxc, c0, offs_c, C, m_t, K)
+                xc, mc = _load(px, sxc, c0, offs_c, C, m_t, Kt)
                 gc, _m = _load(pg, sgc, c0, offs_c, C, m_t, 0.0)
                 gc = gc * _gamma(w_ptr, c0, offs_c, C, HAS_W)[:, None]
                 cw, cm, cq = _frame_stats(xc, mc, POOL_ALL)
@@ -765,7 +780,7 @@ def running_norm_bwd(
         _write_gx(pgx, sdc, xk, msk, gy, mean, r, U, V, 0, offs_c, C, in_t, w_ptr, gwp_ptr, gbp_ptr, pgw, HAS_W,
                   STORE_GW)
         for c0 in range(BLOCK_C, CL, BLOCK_C):
-            xc, mc = _load(px, sxc, c0, offs_c, C, m_t, K)
+            xc, mc = _load(px, sxc, c0, offs_c, C, m_t, Kt)
             gc, _m = _load(pg, sgc, c0, offs_c, C, m_t, 0.0)
             _write_gx(pgx, sdc, xc, mc, gc, mean, r, U, V, c0, offs_c, C, in_t, w_ptr, gwp_ptr, gbp_ptr, pgw,
                       HAS_W, STORE_GW)
