@@ -36,7 +36,7 @@ FAILS: list[str] = []
 
 
 def rel(a, b) -> float:
-    a, b = a.double(), b.double()
+    a, b = a.detach().double(), b.detach().double()
     return float((a - b).norm() / b.norm().clamp_min(1e-300))
 
 
@@ -143,6 +143,7 @@ def op_checks():
     torch.use_deterministic_algorithms(True)
     # Tanh between the norms: a per-channel affine straight before ccemaln (or a norm invariant to it) would
     # have an exactly zero gradient, which no relative error measures
+    torch.manual_seed(0)  # the conv's initial weights: the same model on every run
     model = torch.nn.Sequential(torch.nn.Conv1d(64, 64, 3, padding=1), normlib.create("cln", 64), torch.nn.Tanh(),
                                 normlib.create("ccemaln", 64, decay=0.9), torch.nn.Tanh(),
                                 normlib.create("gln", 64)).cuda()
@@ -155,16 +156,24 @@ def op_checks():
     model64 = copy.deepcopy(model).double()  # "auto" runs float64 on the PyTorch reference
     y_r = model64(x.double())
     g_r = torch.autograd.grad((y_r * gy.double()).sum(), list(model64.parameters()))
+    model_t = copy.deepcopy(model)  # the yardstick: the same model in float32 on the PyTorch backend
+    for m in model_t.modules():
+        if hasattr(m, "backend"):
+            m.backend = "torch"
+    y_t = model_t(x)
+    g_t = torch.autograd.grad((y_t * gy).sum(), list(model_t.parameters()))
     torch._dynamo.reset()
     y_c = torch.compile(model, fullgraph=True)(x)
     g_c = torch.autograd.grad((y_c * gy).sum(), list(model.parameters()))
     # compiled and eager differ by float32 rounding (Inductor fuses the conv's neighbours differently), which
-    # the norms' gradients amplify: each must be as close to the float64 model as eager is
+    # the norms' gradients amplify: each must be as close to the float64 model as eager is, and eager as
+    # close as float32 PyTorch (the conv's weight and bias gradients sum a norm's dx, which nearly cancels)
     names = ["y"] + [n for n, _ in model.named_parameters()]
-    for n, c, e_, r in zip(names, [y_c, *g_c], [y_e, *g_e], [y_r, *g_r]):
-        ec, ee = rel(c, r), rel(e_, r)
-        check(f"compile fullgraph model (cln, ccemaln, gln): {n}", ec <= 2 * ee + 1e-6 and ee < 1e-4,
-              f"compiled {ec:.1e}, eager {ee:.1e} from float64; compiled vs eager {rel(c, e_):.1e}")
+    for n, c, e_, t, r in zip(names, [y_c, *g_c], [y_e, *g_e], [y_t, *g_t], [y_r, *g_r]):
+        ec, ee, et = rel(c, r), rel(e_, r), rel(t, r)
+        check(f"compile fullgraph model (cln, ccemaln, gln): {n}", ec <= 2 * ee + 1e-6 and ee <= 2 * et + 1e-6,
+              f"compiled {ec:.1e}, eager {ee:.1e}, float32 PyTorch {et:.1e} from float64; "
+              f"compiled vs eager {rel(c, e_):.1e}")
     for pc, dec in ((False, 1.0), (True, 1.0), (True, 0.9), (False, 0.9), (False, None), (False, 0.0)):
         xo = make(2, 33, 700, torch.float32, "b c t", seed=10).requires_grad_()
         w, b = torch.randn(33, device="cuda", requires_grad=True), torch.randn(33, device="cuda", requires_grad=True)
