@@ -371,12 +371,15 @@ def _frame_weight(fn, m_t, POOL_ALL: tl.constexpr):
 @triton.jit
 def _local_sums(n, fm, fq, log2d, BLOCK_T: tl.constexpr, SC: tl.constexpr, POOL_ALL: tl.constexpr,
                 MODE: tl.constexpr):
-    """Running sums of a tile's frames from its first one, and their totals: (W, S1, S2, D, W_L, S1_L, S2_L)
-    with W = sum d^(t-tau) n,
-    S1 = sum d^(t-tau) n m, S2 = sum d^(t-tau) (M2 + n m^2) over the frames' (n, m, M2) ([1, BLOCK_T]
-    pooled, [SC, BLOCK_T] per channel, where ``n`` is [1, BLOCK_T]), and D = d^(t+1), the decay of an
-    incoming prefix. Float64 sums of the K-shifted values: a scan of additions, where a scan of Chan
-    merges costs a division per step."""
+    """Running sums of a tile's frames from its first one, D = d^(t+1) (the decay of an incoming prefix), a
+    shift L and the tile's aggregate (w, mean, M2) in float32: (W, S1, S2, D, L, aw, am, aq), for _with_prefix.
+
+    Pooled and EMA: float64 sums of the K-shifted values, W = sum d^(t-tau) n, S1 = sum d^(t-tau) n m,
+    S2 = sum d^(t-tau) (M2 + n m^2) over the frames' (n, m, M2) ([1, BLOCK_T] pooled, [SC, BLOCK_T] per
+    channel, where ``n`` is [1, BLOCK_T]): a scan of additions, where a scan of Chan merges costs a division
+    per step. Per-channel CUMULATIVE (CHAN): float32 count and sums of x - L over frames 0..t, L the tile's
+    first value; as L is one of the values, sum (x - L)^2 is at most (1 + t) times M2, so M2 from these
+    sums loses at most log2(BLOCK_T) bits, and no float64 runs per element."""
     ts = tl.arange(0, BLOCK_T)[None, :]
     D = 1.0  # CUMULATIVE: nothing decays
     if MODE == 2:
@@ -389,16 +392,23 @@ def _local_sums(n, fm, fq, log2d, BLOCK_T: tl.constexpr, SC: tl.constexpr, POOL_
                               d + tl.zeros([SC, BLOCK_T], tl.float32), BLOCK_T, SC, 1, True, False)
     elif MODE == 1:  # valid frames are a prefix of the tile: W counts them (no scan, no layout change)
         nv = tl.sum(tl.sum(n, axis=1), axis=0).to(tl.int32)
-        w = (tl.minimum(ts + 1, nv) + tl.zeros([SC, BLOCK_T], tl.int32)).to(tl.float64)  # [SC, ...]: no
+        w = (tl.minimum(ts + 1, nv) + tl.zeros([SC, BLOCK_T], tl.int32)).to(tl.float32)  # [SC, ...]: no
         # layout conversion of a [1, BLOCK_T] tensor on the way
-        s1, s2 = _cumsum(m, BLOCK_T, SC, False), _cumsum(m * m, BLOCK_T, SC, False)
+        L = _pick(fm, ts == 0)
+        u = tl.where(n > 0, fm - L[:, None], 0.0)
+        s1, s2 = _cumsum(u, BLOCK_T, SC, False), _cumsum(u * u, BLOCK_T, SC, False)
         # the tile's totals as plain sums (a pick of the last frame costs a select per element)
-        return w, s1, s2, D, nv.to(tl.float64) + tl.zeros([SC], tl.float64), tl.sum(m, axis=1), tl.sum(m * m, axis=1)
+        a1, a2 = tl.sum(u, axis=1), tl.sum(u * u, axis=1)
+        nvf = nv.to(tl.float32) + tl.zeros([SC], tl.float32)
+        ainv = 1.0 / tl.maximum(nvf, 1.0)
+        return w, s1, s2, D, L[:, None], nvf, L + a1 * ainv, tl.maximum(a2 - a1 * a1 * ainv, 0.0)
     else:  # m is 0 at padding
         w, s1, s2, _d = _scan(n.to(tl.float64) + tl.zeros([SC, BLOCK_T], tl.float64), m, m * m,
                               d + tl.zeros([SC, BLOCK_T], tl.float32), BLOCK_T, SC, 1, True, False)
     is_last = (ts == BLOCK_T - 1)
-    return w, s1, s2, D, _pick(w + tl.zeros([SC, BLOCK_T], tl.float64), is_last), _pick(s1, is_last), _pick(s2, is_last)
+    aw, am, aq, _v, _r = _moments(_pick(w + tl.zeros([SC, BLOCK_T], tl.float64), is_last), _pick(s1, is_last),
+                                  _pick(s2, is_last))
+    return w, s1, s2, D, tl.zeros([SC, 1], tl.float32), aw, am, aq
 
 
 @triton.jit
@@ -414,8 +424,25 @@ def _moments(w, s1, s2):
 
 
 @triton.jit
-def _with_prefix(lw, l1, l2, D, pw, pm, pq):
-    """_moments at every frame: a tile's running sums with its incoming prefix [SC] decayed in."""
+def _with_prefix(lw, l1, l2, D, L, pw, pm, pq, CHAN: tl.constexpr):
+    """(w, mean, M2, var, 1/w) at every frame: _local_sums' sums with the tile's incoming prefix [SC]
+    decayed in (CHAN: the frames' own (mean, M2) from their sums, then Chan's merge, in float32; one
+    reciprocal, of n w, gives both 1/n and 1/w)."""
+    if CHAN:
+        w0 = pw[:, None] * D
+        w = w0 + lw
+        n1 = tl.maximum(lw, 1.0)
+        w1 = tl.where(w > 0, w, 1.0)
+        r = 1.0 / (n1 * w1)
+        rw = n1 * r
+        a = l1 * (w1 * r)  # the frames' mean - L
+        l2 = tl.maximum(l2 - l1 * a, 0.0)
+        f = lw * rw
+        l1 = L + a
+        delta = l1 - pm[:, None]
+        m2 = pq[:, None] * D + l2 + w0 * f * delta * delta
+        mean = tl.where(w0 >= lw, pm[:, None] + delta * f, l1 - delta * (w0 * rw))  # from the heavier side,
+        return w, mean, m2, m2 * rw, rw  # as in merge: an empty prefix (any mean) leaves l1 exact
     w0 = pw.to(tl.float64)[:, None]
     m0 = pm.to(tl.float64)[:, None]
     return _moments(lw + w0 * D, l1 + w0 * m0 * D, l2 + (pq.to(tl.float64)[:, None] + w0 * m0 * m0) * D)
@@ -492,6 +519,7 @@ def running_norm_fwd(
     DETERMINISTIC: tl.constexpr = False, AGG_ONLY: tl.constexpr = False, STRIP: tl.constexpr = False,
 ):
     SC: tl.constexpr = 1 if POOL_ALL else BLOCK_C  # statistics per frame: one, or one per channel
+    CHAN: tl.constexpr = not POOL_ALL and MODE == 1  # _local_sums' float32 summaries
     it0, _vt, seq, tag, b64, offs_c, m_c, offs_s, length, s_off, s_ok, NS, K, CL = _tile(
         ctr_ptr, x_ptr, len_ptr, sxb, sxc, B, C, T, NCB, NT, MODE, POOL_ALL, HAS_LEN, BLOCK_C, SC, False, STRIP)
     xb = x_ptr + b64 * sxb
@@ -567,16 +595,15 @@ def running_norm_fwd(
                 sw, sm, sq, _d = merge(sw, sm, sq, 1.0, cw_, cm_, cq_, 1.0)
             if MODE != 0:
                 # running sums inside the tile, then its prefix: carried, the incoming state, or look-back
-                lw, l1, l2, D, tw, t1, t2 = _local_sums(_frame_weight(sw, m_t, POOL_ALL), sm, sq, log2d, BLOCK_T,
+                lw, l1, l2, D, L, aw, am, aq = _local_sums(_frame_weight(sw, m_t, POOL_ALL), sm, sq, log2d, BLOCK_T,
                                                         SC, POOL_ALL, MODE)
-                aw, am, aq, _v, _r = _moments(tw, t1, t2)
                 pw, pm, pq, cw, cm, cq = _prefix(ws_ptr, rec0, it, tag, cw, cm, cq, aw, am, aq, d_tile, offs_s,
                                                  SC, WINDOW, AGG_ONLY, DETERMINISTIC, False, STRIP)
                 if STORE_PREFIX:
                     tl.store(ppre, pw)
                     tl.store(ppre + SC, pm)
                     tl.store(ppre + 2 * SC, pq)
-                sw, sm, sq, var, _r = _with_prefix(lw, l1, l2, D, pw, pm, pq)
+                sw, sm, sq, var, _r = _with_prefix(lw, l1, l2, D, L, pw, pm, pq, CHAN)
             else:
                 var = sq / tl.where(sw > 0, sw, 1.0)
             mean = sm
@@ -624,6 +651,7 @@ def running_norm_bwd(
     DETERMINISTIC: tl.constexpr = False, AGG_ONLY: tl.constexpr = False, STRIP: tl.constexpr = False,
 ):
     SC: tl.constexpr = 1 if POOL_ALL else BLOCK_C
+    CHAN: tl.constexpr = not POOL_ALL and MODE == 1
     it, vt0, seq, tag, b64, offs_c, m_c, offs_s, length, s_off, s_ok, NS, K, CL = _tile(
         ctr_ptr, x_ptr, len_ptr, sxb, sxc, B, C, T, NCB, NT, MODE, POOL_ALL, HAS_LEN, BLOCK_C, SC, True, STRIP)
     xb = x_ptr + b64 * sxb
@@ -722,11 +750,11 @@ def running_norm_bwd(
                 sw, sm, sq = nw, nm, nq
             fm = sm  # each frame's own mean
             if MODE != 0:
-                lw, l1, l2, D, _w, _a, _b = _local_sums(_frame_weight(sw, m_t, POOL_ALL), sm, sq, log2d, BLOCK_T,
+                lw, l1, l2, D, L, _w, _a, _b = _local_sums(_frame_weight(sw, m_t, POOL_ALL), sm, sq, log2d, BLOCK_T,
                                                         SC, POOL_ALL, MODE)
                 ppt = ppre + it.to(tl.int64) * (3 * SC)
-                sw, sm, sq, var, rW = _with_prefix(lw, l1, l2, D, tl.load(ppt), tl.load(ppt + SC),
-                                                   tl.load(ppt + 2 * SC))
+                sw, sm, sq, var, rW = _with_prefix(lw, l1, l2, D, L, tl.load(ppt), tl.load(ppt + SC),
+                                                   tl.load(ppt + 2 * SC), CHAN)
             else:
                 rW = 1.0 / tl.where(sw > 0, sw, 1.0)
                 var = sq * rW
