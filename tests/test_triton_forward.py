@@ -396,6 +396,31 @@ def test_frame_statistics_keep_a_small_spread_far_from_frame_0(name, backend, la
     assert_rel(xd.grad, x64.grad, 1e-4, "dx")  # dx of a 1e-3 spread is ~1e3 dy: conditioned to match
 
 
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_per_channel_sums_shifted_by_a_tile_value_stay_accurate(layout):
+    """ccln's in-tile sums are float32 sums of x - L, L the tile's first value: the worst case is a tile
+    whose first value sits far from the rest (a step, under a DC offset), where sum (x - L)^2 is up to
+    BLOCK_T times M2. Against float64, with the state, gradients and a prefix from earlier tiles."""
+    B, C, T = 2, 3, 70
+    g = torch.Generator().manual_seed(7)
+    x = 1e3 + 1e-2 * torch.randn(B, C, T, dtype=torch.float64, generator=g)
+    x[..., ::32] += 1.0  # each tile's first frame (block_t=32) stands out by 100 of the spread
+    x = x.to(F32)
+    if layout == "btc":
+        x = x.transpose(1, 2).contiguous()
+    xd = dev(x).detach().clone().requires_grad_()
+    gy = torch.randn(x.shape, dtype=torch.float64, generator=g)
+    with tile_size(block_t=32, window=2):
+        y, s = tri("ccln", xd, layout=LAYOUTS[layout], return_state=True)
+        (y.double() * dev(gy)).sum().backward()
+    x64 = x.detach().double().requires_grad_()
+    y_ref, s_ref = ref("ccln", x64, layout=LAYOUTS[layout], return_state=True)
+    (y_ref * gy).sum().backward()
+    assert_rel(y, y_ref, TOL[F32], "y")
+    assert_rel(s.m2, s_ref.m2, STATE_TOL, "state.m2")
+    assert_rel(xd.grad, x64.grad, 1e-4, "dx")
+
+
 # ---------------------------------------------------------------------------------------------------
 # Gradients: the Triton path's backward against the torch backend's autograd
 # ---------------------------------------------------------------------------------------------------
