@@ -42,7 +42,8 @@ def configs():
     seen = set()
     for (B, C, T), last, pc, mode, dt, full in itertools.product(
             SHAPES, (False, True), (False, True), (0, 1, 2, 3), ("fp32", "bf16"), (False, True)):
-        bc, bt, warps, strip = launch.choose_launch(B, C, T, pc, last, mode, 132, B * C * T * 4)
+        es = 4 if dt == "fp32" else 2
+        bc, bt, warps, strip = launch.choose_launch(B, C, T, pc, last, mode, 132, B * C * T * es, es)
         st = dict(b=C * T, c=1 if last else T, t=C if last else 1)
         ints = dict(**{f"s{a}{k}": v for a in "xygd" for k, v in st.items()}, B=B, C=C, T=T, NCB=triton.cdiv(C, bc) if pc else 1,
                     NT=triton.cdiv(T, bt), NSPAN=3)

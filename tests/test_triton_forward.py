@@ -581,6 +581,18 @@ def test_per_channel_global_tiles_are_larger():
     check_output(tri("instln", dev(x)), dev(x), ref("instln", x), F32, "instln")
 
 
+def test_frame_rows_are_128_bytes_in_any_dtype():
+    """FRAME's pooled "b c t" tiles read 128-byte rows: 32 frames of fp32, 64 of bf16 (a 16-bit tile of 32
+    frames half-filled its cache lines); "b t c" rows are channels, long enough already."""
+    ct = launch.choose_tiles
+    assert ct(512, 16000, False, False, None, launch.FRAME, 4) == (128, 32, 4)
+    assert ct(512, 16000, False, False, None, launch.FRAME, 2) == (128, 64, 4)
+    assert ct(512, 16000, False, True, None, launch.FRAME, 2) == (128, 32, 4)
+    x = make_x(2, 7, 150).to(F16)
+    with tile_size(block_c=4):
+        check_output(tri("frameln", dev(x)), dev(x), ref("frameln", x), F16, "frameln fp16")
+
+
 def test_look_back_window_covers_one_sequences_tiles_in_flight():
     """Few pooled sequences: a tile's in-flight predecessors are many, so the window widens (to 128) and one
     poll reaches a published prefix; many sequences keep the polls small. Per-channel windows stay at 4

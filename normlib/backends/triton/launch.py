@@ -48,12 +48,14 @@ def _num_sms(device) -> int:
     return 4
 
 
-def choose_tiles(C, T, per_channel, channels_last, device, mode=CUMULATIVE):
+def choose_tiles(C, T, per_channel, channels_last, device, mode=CUMULATIVE, elem_size=4):
     """(BLOCK_C, BLOCK_T, num_warps), from the H200 sweeps (benchmarks/sweep.py, RESULTS.md): rows of at
     128 bytes or more along the contiguous dim, 4 warps. A pooled tile spans all channels and is visited in
     chunks of BLOCK_C, so its registers do not grow with C. FRAME's pooled tiles are [128, 32]: all 512
     channels at once spilled (frameln (16, 512, 16000) "b t c" backward: 0.30 of a copy at [512, 32], 0.78
-    at [128, 32]). Per-channel GLOBAL tiles (instln) in "b c t" are 4 times larger: with no look-back to
+    at [128, 32]); in "b c t" their rows are 128 bytes whatever the dtype ([128, 64] in bf16: frameln
+    (16, 512, 16000) forward 0.46 -> 0.50 of a copy, backward 0.38 -> 0.42; (1, 128, 256000) 0.51 -> 0.55,
+    0.48 -> 0.55). Per-channel GLOBAL tiles (instln) in "b c t" are 4 times larger: with no look-back to
     hide, a [4, 128] tile's per-program setup was most of its instructions (2.3 warp-instructions per
     element against 0.9 at [8, 256] forward, 2.2 against 1.1 backward, `compile_check.py --resources`;
     "b t c" gains less, and its strip walk would spill)."""
@@ -64,8 +66,10 @@ def choose_tiles(C, T, per_channel, channels_last, device, mode=CUMULATIVE):
         else:
             grow = 2 if mode == GLOBAL else 1
             block_c, block_t = min(4 * grow, c2), min(t2, 128 * grow)
-    elif channels_last or mode == FRAME:
+    elif channels_last:
         block_c, block_t = min(c2, 128), min(t2, 32)
+    elif mode == FRAME:
+        block_c, block_t = min(c2, 128), min(t2, 128 // elem_size)
     else:
         block_c, block_t = min(c2, 128), min(t2, 64)
     block_c = _OVERRIDE.get("block_c", block_c)
@@ -97,12 +101,12 @@ def strip_for(mode, n_seq, per_channel, channels_last, num_sms, nbytes) -> bool:
     return mode in (CUMULATIVE, EMA) and n_seq >= per_sm * num_sms
 
 
-def choose_launch(B, C, T, per_channel, channels_last, mode, num_sms, nbytes):
+def choose_launch(B, C, T, per_channel, channels_last, mode, num_sms, nbytes, elem_size=4):
     """(BLOCK_C, BLOCK_T, num_warps, strip) for a (B, C, T) input. A pooled strip walk prefetches the next
     tile, so its tiles spread over 8 warps: [128, 64] at 4 warps spilled 0.6-2 KB per thread under Triton 3.6
     and the GLOBAL backward took 330 µs on (64, 128, 500) fp32 (a copy: 13 µs); at 8 warps 80 bytes, and
     116 µs. Smaller tiles ([128, 32]) spill nothing but double the walk's steps (forward 43 µs against 34)."""
-    bc, bt, warps = choose_tiles(C, T, per_channel, channels_last, None, mode)
+    bc, bt, warps = choose_tiles(C, T, per_channel, channels_last, None, mode, elem_size)
     ncb = triton.cdiv(C, bc) if per_channel else 1
     strip = _OVERRIDE.get("strip", strip_for(mode, B * ncb, per_channel, channels_last, num_sms, nbytes))
     strip = bool(strip) and mode != FRAME
@@ -145,7 +149,7 @@ def _tiles_for(x, per_channel, decay) -> list[int]:
     B, C, T = x.shape
     channels_last = x.stride(1) == 1 and x.stride(2) != 1
     bc, bt, warps, strip = choose_launch(B, C, T, per_channel, channels_last, time_mode(decay),
-                                         _num_sms(x.device), x.numel() * x.element_size())
+                                         _num_sms(x.device), x.numel() * x.element_size(), x.element_size())
     ncb = triton.cdiv(C, bc) if per_channel else 1
     window = _OVERRIDE.get("window", window_for(per_channel, B * ncb, _num_sms(x.device)))
     want = max(1, 4 * _num_sms(x.device) // max(1, B * ncb))
