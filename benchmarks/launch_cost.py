@@ -9,27 +9,15 @@ launch is compared with ``norm()``'s.
 """
 from __future__ import annotations
 
-import time
-
 import torch
 from triton._C.libtriton import native_specialize_impl
 from triton.backends.compiler import BaseBackend
 
 import normlib
 from normlib.backends.triton import launch
+from overhead import per_call_us  # benchmarks/ is the script's directory
 
 CASES = [("cln", (80, 64, 301)), ("gln", (64, 128, 500)), ("frameln", (64, 128, 500))]
-
-
-def per_call_us(fn, n=400):
-    for _ in range(10):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / n * 1e6
 
 
 def single_launch(spec, x):
