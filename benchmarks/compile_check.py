@@ -106,7 +106,7 @@ def _sass(k) -> tuple[str, str]:
 
 def _opcodes(sass, hot_loop):
     """Opcode counts of the whole kernel, or of its longest loop (a strip's walk over its tiles)."""
-    ins = [m.groups() for m in re.finditer(r"/\*([0-9a-f]{4})\*/\s+([^;]*);", sass)]
+    ins = [m.groups() for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
     ins = [(int(a, 16), t.split()) for a, t in ins if t.strip()]
     if hot_loop:
         loops = [(int(b.group(1), 16), a) for a, t in ins

@@ -257,17 +257,22 @@ def _state_index(b64, offs_c, m_c, B, C, POOL_ALL: tl.constexpr, SC: tl.constexp
 
 
 @triton.jit
-def _shift(x_ptr, b64, sxb, sxc, offs_c, C, CL, length, BLOCK_C: tl.constexpr, POOL_ALL: tl.constexpr):
-    """K, [SC, 1]: frame 0's mean (pooled) or value (per channel), 0 if frame 0 is padding. States are
-    shifted by it in float64."""
-    K = tl.zeros([BLOCK_C, 1], tl.float32)
-    for c0 in range(0, CL, BLOCK_C):  # pooled: every chunk of channels; per channel: this block
-        ok = ((offs_c + c0) < C)[:, None] & (tl.zeros([1, 1], tl.int32) < length)
-        K += tl.load(x_ptr + b64 * sxb + (offs_c + c0).to(tl.int64)[:, None] * sxc, mask=ok, other=0.0).to(tl.float32)
-    K = _group_sum(K, POOL_ALL)
-    if POOL_ALL:
-        K = K / C
-    return K
+def _shift(x_ptr, b64, sxb, sxc, offs_c, C, length, BLOCK_C: tl.constexpr, POOL_ALL: tl.constexpr,
+           MODE: tl.constexpr):
+    """K, [SC, 1]: frame 0's mean (pooled) or value (per channel), 0 if frame 0 is padding (and in FRAME,
+    which shifts frame by frame: _frame_shift). States are shifted by it in float64."""
+    if POOL_ALL:  # 4 chunks of channels per load, as one wait; a scalar sum, whose layout nothing follows
+        ks = tl.zeros([], tl.float32)
+        for c0 in range(0, C if MODE != 0 else 0, 4 * BLOCK_C):
+            cc = offs_c[:, None] + c0 + BLOCK_C * tl.arange(0, 4)[None, :]
+            ok = (cc < C) & (tl.zeros([1, 1], tl.int32) < length)
+            ks += tl.sum(tl.load(x_ptr + b64 * sxb + cc.to(tl.int64) * sxc, mask=ok, other=0.0).to(tl.float32))
+        return tl.zeros([1, 1], tl.float32) + ks / C
+    elif MODE == 0:
+        return tl.zeros([BLOCK_C, 1], tl.float32)
+    else:
+        ok = (offs_c < C) & (tl.zeros_like(offs_c) < length)
+        return tl.load(x_ptr + b64 * sxb + offs_c.to(tl.int64) * sxc, mask=ok, other=0.0).to(tl.float32)[:, None]
 
 
 @triton.jit
@@ -281,12 +286,25 @@ def _frame_shift(p, m_t, K, MODE: tl.constexpr):
 
 
 @triton.jit
-def _load(p, sxc, c0, offs_c, C, m_t, K):
-    """Channels c0 + offs_c of a tile as float32 minus K, 0 outside the mask: (values, mask). ``p`` holds
-    the [1, BLOCK_T] addresses of channel 0."""
+def _load_raw(p, sxc, c0, offs_c, C, m_t):
+    """Channels c0 + offs_c of a tile as float32 (0 outside the mask) and the mask. ``p`` holds the
+    [1, BLOCK_T] addresses of channel 0."""
     msk = ((offs_c + c0) < C)[:, None] & m_t[None, :]
-    v = tl.load(p + (offs_c + c0).to(tl.int64)[:, None] * sxc, mask=msk, other=0.0).to(tl.float32)
+    return tl.load(p + (offs_c + c0).to(tl.int64)[:, None] * sxc, mask=msk, other=0.0).to(tl.float32), msk
+
+
+@triton.jit
+def _load(p, sxc, c0, offs_c, C, m_t, K):
+    """_load_raw's values minus K, 0 outside the mask: (values, mask)."""
+    v, msk = _load_raw(p, sxc, c0, offs_c, C, m_t)
     return tl.where(msk, v - K, 0.0), msk
+
+
+@triton.jit
+def _frame_mask(it, T, length, BLOCK_T: tl.constexpr):
+    """The frames of tile ``it`` that hold data (none for a tile before the first)."""
+    offs_t = it * BLOCK_T + tl.arange(0, BLOCK_T)
+    return (offs_t >= 0) & (offs_t < T) & (offs_t < length)
 
 
 @triton.jit
@@ -294,8 +312,7 @@ def _load_tile(base, st, sc, it, T, length, offs_c, C, K, BLOCK_T: tl.constexpr)
     """Tile ``it``'s first chunk of channels (values minus K, mask); nothing is read outside 0 .. NT - 1, so
     a strip can ask for the tile after its last (or before its first) while it computes this one."""
     offs_t = it * BLOCK_T + tl.arange(0, BLOCK_T)
-    m_t = (offs_t >= 0) & (offs_t < T) & (offs_t < length)
-    return _load(base + offs_t.to(tl.int64)[None, :] * st, sc, 0, offs_c, C, m_t, K)
+    return _load(base + offs_t.to(tl.int64)[None, :] * st, sc, 0, offs_c, C, _frame_mask(it, T, length, BLOCK_T), K)
 
 
 @triton.jit
@@ -347,10 +364,20 @@ def _state_mean(sin_ptr, s_off, s_ok, NS, K):
 
 
 @triton.jit
-def _frame_stats(xk, msk, POOL_ALL: tl.constexpr):
+def _count(msk, m_t, c0, C, BLOCK_C: tl.constexpr, POOL_ALL: tl.constexpr):
+    """The valid values of each frame of channels c0 .. c0 + BLOCK_C - 1, [SC, BLOCK_T]: pooled, counted
+    from the bounds rather than by a reduction over the channels."""
+    if POOL_ALL:
+        return tl.where(m_t, tl.minimum(C - c0, BLOCK_C), 0).to(tl.float32)[None, :]
+    else:
+        return msk.to(tl.float32)
+
+
+@triton.jit
+def _frame_stats(xk, msk, m_t, c0, C, BLOCK_C: tl.constexpr, POOL_ALL: tl.constexpr):
     """f_t = (n, m_f, M2_f) of each frame, [SC, BLOCK_T]; padding frames weigh 0."""
     if POOL_ALL:
-        fn = _group_sum(msk.to(tl.float32), POOL_ALL)
+        fn = _count(msk, m_t, c0, C, BLOCK_C, POOL_ALL)
         fm = _group_sum(xk, POOL_ALL) / tl.where(fn > 0, fn, 1.0)
         dev = tl.where(msk, xk - fm, 0.0)
         return fn, fm, _group_sum(dev * dev, POOL_ALL)
@@ -467,7 +494,7 @@ def _tile(ctr_ptr, x_ptr, len_ptr, sxb, sxc, B, C, T, NCB, NT, MODE: tl.constexp
           HAS_LEN: tl.constexpr, BLOCK_C: tl.constexpr, SC: tl.constexpr, REVERSE: tl.constexpr,
           STRIP: tl.constexpr):
     """Which tile this program owns and what every tile needs first: (it, vt, seq, tag, b64, offs_c, m_c,
-    offs_s, length, s_off, s_ok, NS, K, CL). A pooled tile spans all C channels and is visited in chunks of
+    offs_s, length, s_off, s_ok, NS, CL). A pooled tile spans all C channels and is visited in chunks of
     BLOCK_C, c0 in range(0, CL, BLOCK_C); a per-channel tile is one chunk (CL = BLOCK_C). Look-back modes take tile-major tickets (tile i of every
     sequence before tile i + 1 of any; REVERSE hands them out from the end, vt counting from there);
     other modes a 1D grid in the same order (a second grid dim stops at 65535)."""
@@ -491,10 +518,7 @@ def _tile(ctr_ptr, x_ptr, len_ptr, sxb, sxc, B, C, T, NCB, NT, MODE: tl.constexp
     CL = BLOCK_C
     if POOL_ALL:
         CL = C
-    K = tl.zeros([BLOCK_C, 1], tl.float32)
-    if MODE != 0:  # FRAME shifts frame by frame (_frame_shift)
-        K = _shift(x_ptr, b64, sxb, sxc, offs_c, C, CL, length, BLOCK_C, POOL_ALL)
-    return it, vt, seq, tag, b64, offs_c, m_c, tl.arange(0, SC), length, s_off, s_ok, NS, K, CL
+    return it, vt, seq, tag, b64, offs_c, m_c, tl.arange(0, SC), length, s_off, s_ok, NS, CL
 
 
 @triton.jit
@@ -520,9 +544,14 @@ def running_norm_fwd(
 ):
     SC: tl.constexpr = 1 if POOL_ALL else BLOCK_C  # statistics per frame: one, or one per channel
     CHAN: tl.constexpr = not POOL_ALL and MODE == 1  # _local_sums' float32 summaries
-    it0, _vt, seq, tag, b64, offs_c, m_c, offs_s, length, s_off, s_ok, NS, K, CL = _tile(
+    it0, _vt, seq, tag, b64, offs_c, m_c, offs_s, length, s_off, s_ok, NS, CL = _tile(
         ctr_ptr, x_ptr, len_ptr, sxb, sxc, B, C, T, NCB, NT, MODE, POOL_ALL, HAS_LEN, BLOCK_C, SC, False, STRIP)
     xb = x_ptr + b64 * sxb
+    EARLY: tl.constexpr = (MODE == 1 or MODE == 2) and not STRIP  # a look-back tile reads its first chunk
+    if EARLY:  # before the shift's loads, so that the two waits overlap
+        x0, msk0 = _load_raw(xb + (it0 * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)[None, :] * sxt, sxc, 0,
+                             offs_c, C, _frame_mask(it0, T, length, BLOCK_T))
+    K = _shift(x_ptr, b64, sxb, sxc, offs_c, C, length, BLOCK_C, POOL_ALL, MODE)
 
     # GLOBAL: one summary per span of SPAN tiles; a strip sums its whole sequence, then reads it again below
     if PHASE == 1 or (MODE == 3 and STRIP):
@@ -534,7 +563,7 @@ def running_norm_fwd(
             m_t = (offs_t < T) & (offs_t < length)
             for c0 in range(0, CL, BLOCK_C):
                 xk, msk = _load(xb + offs_t.to(tl.int64)[None, :] * sxt, sxc, c0, offs_c, C, m_t, K)
-                n = _tile_sum(msk.to(tl.float32), POOL_ALL)
+                n = tl.sum(_count(msk, m_t, c0, C, BLOCK_C, POOL_ALL), axis=1)
                 mk = _tile_sum(xk, POOL_ALL) / tl.where(n > 0, n, 1.0)
                 dev = tl.where(msk, xk - mk[:, None], 0.0)
                 gw, gm, gq, _d = merge(gw, gm, gq, 1.0, n, mk, _tile_sum(dev * dev, POOL_ALL), 1.0)
@@ -570,6 +599,8 @@ def running_norm_fwd(
         if STRIP:
             xk, msk = xn, mn
             xn, mn = _load_tile(xb, sxt, sxc, it + 1, T, length, offs_c, C, K, BLOCK_T)
+        elif EARLY:
+            xk, msk = tl.where(msk0, x0 - Kt, 0.0), msk0
         else:
             xk, msk = _load(px, sxc, 0, offs_c, C, m_t, Kt)  # [BLOCK_C, BLOCK_T]
         ppre = pre_ptr + (seq.to(tl.int64) * NT + it) * (3 * SC) + offs_s
@@ -588,10 +619,10 @@ def running_norm_fwd(
             mean = mm[:, None] + tl.zeros([SC, BLOCK_T], tl.float32)
             var = (mq / tl.where(mw > 0, mw, 1.0))[:, None] + tl.zeros([SC, BLOCK_T], tl.float32)
         else:
-            sw, sm, sq = _frame_stats(xk, msk, POOL_ALL)
+            sw, sm, sq = _frame_stats(xk, msk, m_t, 0, C, BLOCK_C, POOL_ALL)
             for c0 in range(BLOCK_C, CL, BLOCK_C):
                 xc, mc = _load(px, sxc, c0, offs_c, C, m_t, Kt)
-                cw_, cm_, cq_ = _frame_stats(xc, mc, POOL_ALL)
+                cw_, cm_, cq_ = _frame_stats(xc, mc, m_t, c0, C, BLOCK_C, POOL_ALL)
                 sw, sm, sq, _d = merge(sw, sm, sq, 1.0, cw_, cm_, cq_, 1.0)
             if MODE != 0:
                 # running sums inside the tile, then its prefix: carried, the incoming state, or look-back
@@ -652,10 +683,17 @@ def running_norm_bwd(
 ):
     SC: tl.constexpr = 1 if POOL_ALL else BLOCK_C
     CHAN: tl.constexpr = not POOL_ALL and MODE == 1
-    it, vt0, seq, tag, b64, offs_c, m_c, offs_s, length, s_off, s_ok, NS, K, CL = _tile(
+    it, vt0, seq, tag, b64, offs_c, m_c, offs_s, length, s_off, s_ok, NS, CL = _tile(
         ctr_ptr, x_ptr, len_ptr, sxb, sxc, B, C, T, NCB, NT, MODE, POOL_ALL, HAS_LEN, BLOCK_C, SC, True, STRIP)
     xb = x_ptr + b64 * sxb
     gyb = gy_ptr + b64 * sgb
+    EARLY: tl.constexpr = (MODE == 1 or MODE == 2) and not STRIP  # as in the forward
+    if EARLY:
+        m_e = _frame_mask(it, T, length, BLOCK_T)
+        offs_e = (it * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)[None, :]
+        x0, msk0 = _load_raw(xb + offs_e * sxt, sxc, 0, offs_c, C, m_e)
+        g0, _m0 = _load_raw(gyb + offs_e * sgt, sgc, 0, offs_c, C, m_e)
+    K = _shift(x_ptr, b64, sxb, sxc, offs_c, C, length, BLOCK_C, POOL_ALL, MODE)
     ppre = pre_ptr + seq.to(tl.int64) * NT * (3 * SC) + offs_s
 
     if MODE == 3:  # GLOBAL: the sequence's statistics, saved by the forward at tile 0
@@ -713,6 +751,8 @@ def running_norm_bwd(
             nxt = it - 1 if REV else it + 1
             xn, mn = _load_tile(xb, sxt, sxc, nxt, T, length, offs_c, C, K, BLOCK_T)
             gn, _m = _load_tile(gyb, sgt, sgc, nxt, T, length, offs_c, C, 0.0, BLOCK_T)
+        elif EARLY:
+            xk, msk, gy = tl.where(msk0, x0 - Kt, 0.0), msk0, g0
         else:
             xk, msk = _load(px, sxc, 0, offs_c, C, m_t, Kt)
             gy, _m = _load(pg, sgc, 0, offs_c, C, m_t, 0.0)
@@ -734,14 +774,14 @@ def running_norm_bwd(
             Bt = tb[:, None] + tl.zeros([SC, BLOCK_T], tl.float32)
         else:
             g = gy * _gamma(w_ptr, 0, offs_c, C, HAS_W)[:, None]  # dL/dxhat
-            sw, sm, sq = _frame_stats(xk, msk, POOL_ALL)
+            sw, sm, sq = _frame_stats(xk, msk, m_t, 0, C, BLOCK_C, POOL_ALL)
             A = _group_sum(g, POOL_ALL)
             G = _group_sum(g * tl.where(msk, xk - sm, 0.0), POOL_ALL)
             for c0 in range(BLOCK_C, CL, BLOCK_C):
                 xc, mc = _load(px, sxc, c0, offs_c, C, m_t, Kt)
                 gc, _m = _load(pg, sgc, c0, offs_c, C, m_t, 0.0)
                 gc = gc * _gamma(w_ptr, c0, offs_c, C, HAS_W)[:, None]
-                cw, cm, cq = _frame_stats(xc, mc, POOL_ALL)
+                cw, cm, cq = _frame_stats(xc, mc, m_t, c0, C, BLOCK_C, POOL_ALL)
                 ca = _group_sum(gc, POOL_ALL)
                 cg = _group_sum(gc * tl.where(mc, xc - cm, 0.0), POOL_ALL)
                 nw, nm, nq, _d = merge(sw, sm, sq, 1.0, cw, cm, cq, 1.0)
