@@ -210,6 +210,25 @@ def test_gradient_grid(name, row):
         assert (got["x"].cpu()[pad] == 0).all(), "padding frames must get exactly zero gradient"
 
 
+@pytest.mark.parametrize("name", ["cln", "gln", "emaln", "frameln"])
+def test_pooled_backward_chunks_channels_its_own_way(name):
+    """A pooled backward may visit a tile's channels in other chunks, on other warps, than its forward
+    (it reads only the tiles' prefixes): C=11 in chunks of 4 forward and of 8 backward, 4 tiles of 4
+    frames, lengths, an incoming state and a loss on the returned state."""
+    B, C, T = 3, 11, 15
+    x = make_x(B, C, T, LAYOUTS["bct"], F32, offset=0.3)
+    w, b = make_affine(C, F32)
+    lengths = torch.tensor([T, 9, 1])
+    causal = SPECS[name].causal
+    state = make_state(name, B, C, SD, empty_rows=(1,)) if causal else None
+    gy, gs = cotangents(name, x, B, C, causal)
+    kw = dict(state=state, gy=gy, gs=gs, layout=LAYOUTS["bct"], lengths=lengths)
+    with tile_size(block_t=4, window=2, block_c=4, bwd_block_c=8, bwd_warps=2):
+        got = gradients(name, x, w, b, eps_for(name), **kw)
+    want = gradients(name, x, w, b, eps_for(name), oracle=True, **kw)
+    check_gradients(got, want, F32)
+
+
 # ---------------------------------------------------------------------------------------------------
 # Padding frames get exactly zero gradient, whatever dL/dy holds there
 # ---------------------------------------------------------------------------------------------------

@@ -559,8 +559,8 @@ def test_pooled_strip_walks_run_on_8_warps():
     """A pooled strip walk holds two tiles (it prefetches), so its tiles run on 8 warps, where the
     look-back's 4 would spill; forward and backward still agree with the reference on that tiling."""
     x = make_x(64, 130, 70)  # 2.3 MB: GLOBAL walks it in strips
-    bc, bt, warps, *_, strip = launch.tiles_for(dev(x), False, None)
-    assert strip == 1 and [bc, bt, warps] == [128, 64, 8]
+    tiles = launch.tiles_for(dev(x), False, None)
+    assert tiles[7] == 1 and tiles[:3] == [128, 64, 8] and launch.backward_tiles(tiles)[:3] == [128, 64, 8]
     assert launch.tiles_for(dev(x[:2]), False, None)[:3] == [128, 64, 4]  # look-back
     check_output(tri("gln", dev(x)), dev(x), ref("gln", x), F32, "gln")
     gy = make_x(64, 130, 70)
@@ -583,11 +583,16 @@ def test_per_channel_global_tiles_are_larger():
 
 def test_frame_rows_are_128_bytes_in_any_dtype():
     """FRAME's pooled "b c t" tiles read 128-byte rows: 32 frames of fp32, 64 of bf16 (a 16-bit tile of 32
-    frames half-filled its cache lines); "b t c" rows are channels, long enough already."""
+    frames half-filled its cache lines); "b t c" rows are channels, long enough already. The forward's tiles
+    span more channels than the backward's."""
     ct = launch.choose_tiles
     assert ct(512, 16000, False, False, None, launch.FRAME, 4) == (128, 32, 4)
     assert ct(512, 16000, False, False, None, launch.FRAME, 2) == (128, 64, 4)
     assert ct(512, 16000, False, True, None, launch.FRAME, 2) == (128, 32, 4)
+    # the forward's tiles hold 8192 values: 256 channels of fp32; the backward keeps 128
+    fwd_bwd = lambda es: [launch.choose_launch(16, 512, 16000, False, False, launch.FRAME, 132, 1 << 29, es)[i]  # noqa: E731
+                          for i in (0, 1, 4)]
+    assert fwd_bwd(4) == [256, 32, 128] and fwd_bwd(2) == [128, 64, 128]
     x = make_x(2, 7, 150).to(F16)
     with tile_size(block_c=4):
         check_output(tri("frameln", dev(x)), dev(x), ref("frameln", x), F16, "frameln fp16")

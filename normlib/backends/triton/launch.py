@@ -21,13 +21,16 @@ _TILES: dict = {}
 
 
 @contextlib.contextmanager
-def tile_size(block_t=None, block_c=None, window=None, span=None, walk=None, warps=None, strip=None):
+def tile_size(block_t=None, block_c=None, window=None, span=None, walk=None, warps=None, strip=None,
+              bwd_block_c=None, bwd_warps=None):
     """Force tile sizes (tests use small tiles so that the look-back runs on small inputs); ``walk``
     makes the look-back ignore published prefixes but tile 0's, so it crosses several windows; ``strip``
-    forces (True) or forbids (False) one program per sequence in the running modes."""
+    forces (True) or forbids (False) one program per sequence in the running modes; ``bwd_*`` set the
+    backward's own choices (a pooled backward's BLOCK_C, any backward's warps)."""
     old = dict(_OVERRIDE)
     _OVERRIDE.update({k: v for k, v in dict(block_t=block_t, block_c=block_c, window=window, span=span,
-                                            walk=walk, warps=warps, strip=strip).items() if v is not None})
+                                            walk=walk, warps=warps, strip=strip, bwd_block_c=bwd_block_c,
+                                            bwd_warps=bwd_warps).items() if v is not None})
     try:
         yield
     finally:
@@ -102,17 +105,26 @@ def strip_for(mode, n_seq, per_channel, channels_last, num_sms, nbytes) -> bool:
 
 
 def choose_launch(B, C, T, per_channel, channels_last, mode, num_sms, nbytes, elem_size=4):
-    """(BLOCK_C, BLOCK_T, num_warps, strip) for a (B, C, T) input. A pooled strip walk prefetches the next
-    tile, so its tiles spread over 8 warps: [128, 64] at 4 warps spilled 0.6-2 KB per thread under Triton 3.6
+    """(BLOCK_C, BLOCK_T, num_warps, strip, backward BLOCK_C, backward num_warps) for a (B, C, T) input.
+    The backward may chunk a pooled tile's channels differently and run on other warps: it reads only the
+    tiles' prefixes, which do not depend on them (per-channel tiles keep one BLOCK_C). FRAME's pooled
+    "b c t" forward takes 8192 values a tile ([256, 32] in fp32: frameln (16, 512, 16000) 0.72 -> 0.80 of a
+    copy on the H200); its backward keeps [128, 32] (0.64 there, and 0.66 at [256, 32]: within the
+    backward's run-to-run spread). A pooled strip walk
+    prefetches the next tile, so its tiles spread over 8 warps: [128, 64] at 4 warps spilled 0.6-2 KB per thread under Triton 3.6
     and the GLOBAL backward took 330 µs on (64, 128, 500) fp32 (a copy: 13 µs); at 8 warps 80 bytes, and
     116 µs. Smaller tiles ([128, 32]) spill nothing but double the walk's steps (forward 43 µs against 34)."""
-    bc, bt, warps = choose_tiles(C, T, per_channel, channels_last, None, mode, elem_size)
+    bc_b, bt, warps = choose_tiles(C, T, per_channel, channels_last, None, mode, elem_size)
+    bc = bc_b
+    if mode == FRAME and not per_channel and not channels_last:  # forward: 8192 values a tile, whatever the dtype
+        bc = _OVERRIDE.get("block_c", min(triton.next_power_of_2(max(C, 1)), max(bc_b, 8192 // bt)))
     ncb = triton.cdiv(C, bc) if per_channel else 1
     strip = _OVERRIDE.get("strip", strip_for(mode, B * ncb, per_channel, channels_last, num_sms, nbytes))
     strip = bool(strip) and mode != FRAME
     if strip and not per_channel:
         warps = _OVERRIDE.get("warps", 8)
-    return bc, bt, warps, strip
+    bc_b = bc if per_channel else _OVERRIDE.get("bwd_block_c", bc_b)
+    return bc, bt, warps, strip, bc_b, _OVERRIDE.get("bwd_warps", warps)
 
 
 class Plan(NamedTuple):
@@ -131,7 +143,8 @@ class Plan(NamedTuple):
 
 def tiles_for(x, per_channel, decay=None) -> list[int]:
     """The launch choices for x, as ints an op can carry: [block_c, block_t, warps, window, span, walk,
-    deterministic, strip]. Forward and backward take the same list, so they always agree on the tiling. Eager
+    deterministic, strip, backward block_c, backward warps]. Forward and backward take the same list, so
+    they always agree on the tiling (``backward_tiles`` gives the backward's view of it). Eager
     calls look them up in a cache (the host path of a small call is longer than its kernel)."""
     if torch.compiler.is_compiling():
         return _tiles_for(x, per_channel, decay)
@@ -148,15 +161,21 @@ def tiles_for(x, per_channel, decay=None) -> list[int]:
 def _tiles_for(x, per_channel, decay) -> list[int]:
     B, C, T = x.shape
     channels_last = x.stride(1) == 1 and x.stride(2) != 1
-    bc, bt, warps, strip = choose_launch(B, C, T, per_channel, channels_last, time_mode(decay),
-                                         _num_sms(x.device), x.numel() * x.element_size(), x.element_size())
+    bc, bt, warps, strip, bc_b, warps_b = choose_launch(B, C, T, per_channel, channels_last, time_mode(decay),
+                                                        _num_sms(x.device), x.numel() * x.element_size(),
+                                                        x.element_size())
     ncb = triton.cdiv(C, bc) if per_channel else 1
     window = _OVERRIDE.get("window", window_for(per_channel, B * ncb, _num_sms(x.device)))
     want = max(1, 4 * _num_sms(x.device) // max(1, B * ncb))
     span = _OVERRIDE.get("span", max(1, triton.cdiv(triton.cdiv(T, bt), want)))
     deterministic = torch.are_deterministic_algorithms_enabled()
     walk = bool(_OVERRIDE.get("walk")) and not deterministic  # a walk would hide the prefix it waits for
-    return [bc, bt, warps, window, span, int(walk), int(deterministic), int(strip)]
+    return [bc, bt, warps, window, span, int(walk), int(deterministic), int(strip), bc_b, warps_b]
+
+
+def backward_tiles(tiles) -> list[int]:
+    """The backward's launch choices: the list with its own BLOCK_C and warps in front."""
+    return [tiles[8], tiles[1], tiles[9]] + list(tiles[3:8])
 
 
 def plan(shape, per_channel, decay, tiles) -> Plan:
@@ -256,6 +275,7 @@ def backward(gy, gsout, x, weight, lengths, sin, pre, *, per_channel, decay, eps
     """Gradients of ``forward``: (dx, dweight, dbias, dstate as (3, B, C|1) float64, or None where not
     asked). ``gsout`` is the (3, B, C|1) gradient of the returned state, or None."""
     B, C, T = x.shape
+    tiles = backward_tiles(tiles)
     p = plan(x.shape, per_channel, decay, tiles)
     nsc = C if per_channel else 1
     weight, lengths, sin, gsout = (_dense(t) for t in (weight, lengths, sin, gsout))
