@@ -2,7 +2,11 @@
 grid of launch choices, beside a copy of the same bytes, to pick the launcher's defaults.
 
     PYTHONPATH=. python benchmarks/sweep.py --norm cln --dtype fp32 --layout "b c t" [--strip 0,1] \
-        --shape 16,512,16000 --block-t 8,16,32 --warps 4,8 --window 8,32 [--block-c 16,64] [--bwd]
+        --shape 16,512,16000 --block-t 8,16,32 --warps 4,8 --window 8,32 [--block-c 16,64] [--bwd] \
+        [--bwd-block-c 64,128] [--bwd-warps 4,8]
+
+--bwd-block-c and --bwd-warps set the backward's own choices (a pooled backward may chunk channels
+differently from its forward); without them the backward takes the forward's.
 
 Prints one line per configuration: µs and the ratio to the copy (forward moves 2N, backward 3N).
 """
@@ -49,22 +53,26 @@ def main():
     p.add_argument("--window")
     p.add_argument("--strip", help="0, 1 or both: forbid or force one program per sequence")
     p.add_argument("--bwd", action="store_true")
+    p.add_argument("--bwd-block-c")
+    p.add_argument("--bwd-warps")
     a = p.parse_args()
     x, spec = case(a)
     gy = torch.randn_like(x)
     t_copy = do_bench(lambda: x.clone(), warmup=5, rep=40, return_mode="median")
     print(f"{a.norm} {a.dtype} {a.layout!r} {a.shape}: copy {t_copy * 1e3:.1f} µs", flush=True)
-    for bt, bc, warps, window, strip in itertools.product(ints(a.block_t), ints(a.block_c), ints(a.warps),
-                                                          ints(a.window), ints(a.strip)):
+    for bt, bc, warps, window, strip, bbc, bw in itertools.product(
+            ints(a.block_t), ints(a.block_c), ints(a.warps), ints(a.window), ints(a.strip), ints(a.bwd_block_c),
+            ints(a.bwd_warps)):
         with launch.tile_size(block_t=bt, block_c=bc, warps=warps, window=window,
-                              strip=None if strip is None else bool(strip)):
+                              strip=None if strip is None else bool(strip), bwd_block_c=bbc, bwd_warps=bw):
             tiles = launch.tiles_for(x if a.layout == "b c t" else x.transpose(1, 2), spec.per_channel,
                                     spec.resolve_decay(None))
             try:
                 with torch.no_grad():
                     t = do_bench(lambda: norm(spec, x, layout=a.layout, backend="triton"), warmup=5, rep=40,
                                  return_mode="median")
-                line = f"  tiles {tiles[:4]} strip {tiles[7]}: fwd {t * 1e3:8.1f} µs  {t_copy / t:.2f} of copy"
+                line = (f"  tiles {tiles[:4]} strip {tiles[7]} bwd {launch.backward_tiles(tiles)[:3]}: "
+                        f"fwd {t * 1e3:8.1f} µs  {t_copy / t:.2f} of copy")
                 if a.bwd:
                     xg = x.detach().requires_grad_()
                     y = norm(spec, xg, layout=a.layout, backend="triton")
