@@ -11,3 +11,29 @@ def test_compile_check_enumerates_each_kernels_own_tiles():
              and c["POOL_ALL"] and ints["sxt"] == 1]
     assert set(frame) == {("running_norm_fwd", 256, 32), ("running_norm_bwd", 128, 32)}
     assert {k.fn.__name__ for k, *_ in todo} == {"running_norm_fwd", "running_norm_bwd"}
+
+
+def test_ab_runs_each_variant_in_its_own_process_and_compares_bits():
+    """ab.py's plumbing, untimed on the CPU (Triton's interpreter): the working tree against a copy of its
+    own kernels gives the same bits; a kernels file whose statistics differ is flagged."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    src = os.path.join(os.path.dirname(here), "normlib", "backends", "triton", "kernels.py")
+    with tempfile.TemporaryDirectory() as tmp:
+        same = os.path.join(tmp, "same.py")
+        other = os.path.join(tmp, "other.py")
+        text = open(src).read()
+        open(same, "w").write(text)
+        open(other, "w").write(text.replace("return tl.zeros([1, 1], tl.float32) + ks / C",
+                                            "return tl.zeros([1, 1], tl.float32) + ks / C + 0.5"))
+        assert text.count("ks / C") == 1
+        out = subprocess.run([sys.executable, os.path.join(here, "ab.py"), "--dry", "--procs", "1", "--kernels", same,
+                              "--kernels", other, "cln:2,5,9:fp32:bct"], env=dict(os.environ, TRITON_INTERPRET="1"),
+                             capture_output=True, text=True, check=True).stdout
+    (line,) = out.splitlines()
+    tree, s, o = line.split(" | ")
+    assert line.startswith("cln:2,5,9:fp32:bct: tree:") and "other bits" not in tree + s and "other bits" in o
