@@ -10,7 +10,9 @@ launcher. Some rows settle at one of two speeds per process (the backward of cln
 225 µs in one process and 437 µs in the next with the same kernel), so one process per variant cannot rank
 changes: each round starts a new process per variant. Prints, per case and variant, the median over
 processes of the forward and backward (÷ copy, as in gpu_report.py: 2N and 3N moved), their range, and
-whether the outputs have the same bits as the first variant's.
+whether the outputs have the same bits as the first variant's. The bits come from a deterministic call
+(``torch.use_deterministic_algorithms``): otherwise a look-back's grouping, and so its rounding, depends on
+which predecessors have published when a tile polls.
 """
 from __future__ import annotations
 
@@ -69,9 +71,12 @@ def worker(kernels, cases, dry):
         if layout == "b t c":
             x, gy = x.transpose(1, 2).contiguous(), gy.transpose(1, 2).contiguous()
         xg = x.clone().requires_grad_()
+        torch.use_deterministic_algorithms(True)  # a fixed look-back grouping: bits comparable across runs
         y = normlib.functional.norm(spec, xg, layout=layout, backend="triton")
-        (dx,) = torch.autograd.grad(y, (xg,), gy, retain_graph=True)
+        (dx,) = torch.autograd.grad(y, (xg,), gy)
         bits = [int(t.detach().float().contiguous().view(torch.int32).to(torch.int64).sum()) for t in (y, dx)]
+        torch.use_deterministic_algorithms(False)
+        y = normlib.functional.norm(spec, xg, layout=layout, backend="triton")
         with torch.no_grad():
             fwd = bench(lambda: normlib.functional.norm(spec, x, layout=layout, backend="triton"))
         bwd = bench(lambda: torch.autograd.grad(y, (xg,), gy, retain_graph=True))
