@@ -6,7 +6,8 @@
         cln:16,512,16000:fp32:bct cln:16,512,16000:fp32:btc
 
 A case is norm:B,C,T:dtype:layout (layout bct or btc). Every variant runs under the working tree's
-launcher. Some rows settle at one of two speeds per process (the backward of cln (1, 128, 256000) took
+launcher; a variant may force tiles as ``launch.tile_size`` does, after an @ (``tree@block_c=64,block_t=64``
+or ``/tmp/k.py@warps=8``). Some rows settle at one of two speeds per process (the backward of cln (1, 128, 256000) took
 225 µs in one process and 437 µs in the next with the same kernel), so one process per variant cannot rank
 changes: each round starts a new process per variant. Prints, per case and variant, the median over
 processes of the forward and backward (÷ copy, as in gpu_report.py: 2N and 3N moved), their range, and
@@ -40,16 +41,30 @@ def _load_kernels(path):
     return mod
 
 
-def worker(kernels, cases, dry):
-    """Time every case with one variant's kernels (this process); one JSON line per case."""
-    import torch
-
-    import normlib
+def use_variant(variant):
+    """Put a variant's kernels in the launcher; returns its forced tiles, for ``launch.tile_size``."""
     from normlib.backends.triton import launch
 
+    kernels, _, tiles = variant.partition("@")
     if kernels != TREE:
         mod = _load_kernels(kernels)
         launch.running_norm_fwd, launch.running_norm_bwd = mod.running_norm_fwd, mod.running_norm_bwd
+    return {k: int(v) for k, v in (kv.split("=") for kv in tiles.split(",") if kv)}
+
+
+def worker(variant, cases, dry):
+    """Time every case with one variant (this process); one JSON line per case."""
+    from normlib.backends.triton import launch
+
+    with launch.tile_size(**use_variant(variant)):
+        _time_cases(cases, dry)
+
+
+def _time_cases(cases, dry):
+    import torch
+
+    import normlib
+
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if dry:  # one call of each, for tests of the plumbing (CPU: Triton's interpreter)
         def bench(fn):
@@ -87,7 +102,8 @@ def worker(kernels, cases, dry):
 def main(argv=None):
     p = argparse.ArgumentParser()
     p.add_argument("cases", nargs="+", help="norm:B,C,T:dtype:layout")
-    p.add_argument("--kernels", action="append", default=[], help="another kernels.py (repeatable)")
+    p.add_argument("--kernels", action="append", default=[],
+                   help="another kernels.py, or 'tree', each with optional @tiles (repeatable)")
     p.add_argument("--procs", type=int, default=3, help="processes (rounds) per variant")
     p.add_argument("--dry", action="store_true", help="call each function once, untimed")
     p.add_argument("--worker", help=argparse.SUPPRESS)
@@ -102,6 +118,9 @@ def main(argv=None):
             cmd = [sys.executable, os.path.abspath(__file__), "--worker", v, *a.cases] + (["--dry"] if a.dry else [])
             out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
             runs[v].append({r["case"]: r for r in map(json.loads, out.splitlines()) if r})
+            for r in runs[v][-1].values():  # as it goes, so that a run cut short still says something
+                print(f"  {v}: {r['case']}: fwd {r['copy'] / r['fwd']:.2f} bwd {1.5 * r['copy'] / r['bwd']:.2f}",
+                      file=sys.stderr, flush=True)
     for case in a.cases:
         first = runs[TREE][0][case]["bits"]
         parts = []
@@ -110,7 +129,7 @@ def main(argv=None):
             fwd = sorted(r["copy"] / r["fwd"] for r in rows)
             bwd = sorted(1.5 * r["copy"] / r["bwd"] for r in rows)
             same = all(r["bits"] == first for r in rows)
-            label = v if v == TREE else os.path.basename(v)
+            label = v if v.startswith(TREE) else os.path.basename(v)
             parts.append(f"{label}: fwd {fwd[len(fwd) // 2]:.2f} [{fwd[0]:.2f}-{fwd[-1]:.2f}] "
                          f"bwd {bwd[len(bwd) // 2]:.2f} [{bwd[0]:.2f}-{bwd[-1]:.2f}]{'' if same else ' (other bits)'}")
         print(f"{case}: " + " | ".join(parts), flush=True)

@@ -12,7 +12,8 @@ import torch
 
 from normlib.backends.triton import launch
 from normlib.functional import norm
-from sweep import case, case_args  # benchmarks/ is the script's folder
+from ab import use_variant  # benchmarks/ is the script's folder
+from sweep import case, case_args
 
 
 def main():
@@ -24,9 +25,12 @@ def main():
     p.add_argument("--warps", type=int)
     p.add_argument("--window", type=int)
     p.add_argument("--calls", type=int, default=3)
+    p.add_argument("--kernels", default="tree", help="a variant as ab.py takes it (kernels file, @tiles)")
     a = p.parse_args()
     x, spec = case(a)
-    with launch.tile_size(block_c=a.block_c, block_t=a.block_t, warps=a.warps, window=a.window):
+    forced = use_variant(a.kernels)
+    with launch.tile_size(block_c=a.block_c, block_t=a.block_t, warps=a.warps, window=a.window), \
+            launch.tile_size(**forced):
         for _ in range(a.calls):
             if a.bwd:
                 xg = x.detach().requires_grad_()
