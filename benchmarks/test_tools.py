@@ -37,3 +37,13 @@ def test_ab_runs_each_variant_in_its_own_process_and_compares_bits():
     (line,) = out.splitlines()
     tree, s, o = line.split(" | ")
     assert line.startswith("cln:2,5,9:fp32:bct: tree:") and "other bits" not in tree + s and "other bits" in o
+
+
+def test_ab_variant_forces_tiles():
+    """A variant's @ part is what launch.tile_size takes; 'tree' keeps the working tree's kernels."""
+    import ab
+    from normlib.backends.triton import launch
+
+    fwd = launch.running_norm_fwd
+    assert ab.use_variant("tree@block_c=64,block_t=32") == {"block_c": 64, "block_t": 32}
+    assert ab.use_variant("tree") == {} and launch.running_norm_fwd is fwd
