@@ -27,6 +27,13 @@ PHASE 2: reduce them and finish). The backward's math is derived in docs/math.md
 import triton
 import triton.language as tl
 
+# L2 hints for a tile's reads and writes (HINT below). A pooled tile reads its chunks of channels twice: to
+# merge their statistics, then to write them. Without hints the stream of writes and of other tiles' reads
+# evicted a chunk before its second read: ncu counted 1.39 times x read from DRAM in cln's forward on
+# (16, 512, 16000) fp32, and 1.05 times with them (0.64 -> 0.70 of a copy).
+ONCE = tl.constexpr(1)  # the values' last read in this kernel, or an output: evicted first
+AGAIN = tl.constexpr(2)  # a chunk the tile reads again: kept (evict_last) until then
+
 
 @triton.jit
 def merge(w1, m1, q1, d1, w2, m2, q2, d2):
@@ -286,17 +293,24 @@ def _frame_shift(p, m_t, K, MODE: tl.constexpr):
 
 
 @triton.jit
-def _load_raw(p, sxc, c0, offs_c, C, m_t):
+def _load_raw(p, sxc, c0, offs_c, C, m_t, HINT: tl.constexpr = 0):
     """Channels c0 + offs_c of a tile as float32 (0 outside the mask) and the mask. ``p`` holds the
-    [1, BLOCK_T] addresses of channel 0."""
+    [1, BLOCK_T] addresses of channel 0; HINT is ONCE, AGAIN or 0 (none)."""
     msk = ((offs_c + c0) < C)[:, None] & m_t[None, :]
-    return tl.load(p + (offs_c + c0).to(tl.int64)[:, None] * sxc, mask=msk, other=0.0).to(tl.float32), msk
+    pc = p + (offs_c + c0).to(tl.int64)[:, None] * sxc
+    if HINT == AGAIN:
+        v = tl.load(pc, mask=msk, other=0.0, eviction_policy="evict_last")
+    elif HINT == ONCE:
+        v = tl.load(pc, mask=msk, other=0.0, eviction_policy="evict_first")
+    else:
+        v = tl.load(pc, mask=msk, other=0.0)
+    return v.to(tl.float32), msk
 
 
 @triton.jit
-def _load(p, sxc, c0, offs_c, C, m_t, K):
+def _load(p, sxc, c0, offs_c, C, m_t, K, HINT: tl.constexpr = 0):
     """_load_raw's values minus K, 0 outside the mask: (values, mask)."""
-    v, msk = _load_raw(p, sxc, c0, offs_c, C, m_t)
+    v, msk = _load_raw(p, sxc, c0, offs_c, C, m_t, HINT)
     return tl.where(msk, v - K, 0.0), msk
 
 
@@ -308,18 +322,23 @@ def _frame_mask(it, T, length, BLOCK_T: tl.constexpr):
 
 
 @triton.jit
-def _load_tile(base, st, sc, it, T, length, offs_c, C, K, BLOCK_T: tl.constexpr):
+def _load_tile(base, st, sc, it, T, length, offs_c, C, K, BLOCK_T: tl.constexpr, HINT: tl.constexpr):
     """Tile ``it``'s first chunk of channels (values minus K, mask); nothing is read outside 0 .. NT - 1, so
     a strip can ask for the tile after its last (or before its first) while it computes this one."""
     offs_t = it * BLOCK_T + tl.arange(0, BLOCK_T)
-    return _load(base + offs_t.to(tl.int64)[None, :] * st, sc, 0, offs_c, C, _frame_mask(it, T, length, BLOCK_T), K)
+    return _load(base + offs_t.to(tl.int64)[None, :] * st, sc, 0, offs_c, C, _frame_mask(it, T, length, BLOCK_T), K,
+                 HINT)
 
 
 @triton.jit
-def _store(p, syc, v, c0, offs_c, C, in_t):
+def _store(p, syc, v, c0, offs_c, C, in_t, HINT: tl.constexpr):
     """Write channels c0 + offs_c of a tile; ``p`` holds the [1, BLOCK_T] addresses of channel 0."""
     msk = ((offs_c + c0) < C)[:, None] & in_t[None, :]
-    tl.store(p + (offs_c + c0).to(tl.int64)[:, None] * syc, v.to(p.dtype.element_ty), mask=msk)
+    pc = p + (offs_c + c0).to(tl.int64)[:, None] * syc
+    if HINT == ONCE:
+        tl.store(pc, v.to(p.dtype.element_ty), mask=msk, eviction_policy="evict_first")
+    else:
+        tl.store(pc, v.to(p.dtype.element_ty), mask=msk)
 
 
 @triton.jit
@@ -331,7 +350,7 @@ def _write_y(py, syc, xk, msk, mean, r, c0, offs_c, C, in_t, w_ptr, b_ptr, HAS_W
         y = y * tl.load(w_ptr + c0 + offs_c, mask=(c0 + offs_c) < C, other=1.0).to(tl.float32)[:, None]
     if HAS_B:
         y = y + tl.load(b_ptr + c0 + offs_c, mask=(c0 + offs_c) < C, other=0.0).to(tl.float32)[:, None]
-    _store(py, syc, tl.where(msk, y, 0.0), c0, offs_c, C, in_t)
+    _store(py, syc, tl.where(msk, y, 0.0), c0, offs_c, C, in_t, ONCE)
 
 
 @triton.jit
@@ -348,7 +367,9 @@ def _write_gx(pgx, sdc, xk, msk, gy, mean, r, U, V, c0, offs_c, C, in_t, w_ptr, 
               HAS_W: tl.constexpr, STORE_GW: tl.constexpr):
     """dL/dx of channels c0 + offs_c (0 at padding) and their per-tile dweight, dbias partials."""
     g = gy * _gamma(w_ptr, c0, offs_c, C, HAS_W)[:, None]
-    _store(pgx, sdc, tl.where(msk, g * r + U + xk * V, 0.0), c0, offs_c, C, in_t)
+    # the backward's reads and writes go unhinted: with the forward's hints, emaln's (2, 256, 64000) "b t c"
+    # backward fell from 0.42 to 0.24 of a copy on the H200 (and cln's (16, 512, 16000) rose from 0.58 to 0.63)
+    _store(pgx, sdc, tl.where(msk, g * r + U + xk * V, 0.0), c0, offs_c, C, in_t, 0)
     if STORE_GW:
         xhat = tl.where(msk, (xk - mean) * r, 0.0)
         m_c = (c0 + offs_c) < C
@@ -550,7 +571,7 @@ def running_norm_fwd(
     EARLY: tl.constexpr = (MODE == 1 or MODE == 2) and not STRIP  # a look-back tile reads its first chunk
     if EARLY:  # before the shift's loads, so that the two waits overlap
         x0, msk0 = _load_raw(xb + (it0 * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)[None, :] * sxt, sxc, 0,
-                             offs_c, C, _frame_mask(it0, T, length, BLOCK_T))
+                             offs_c, C, _frame_mask(it0, T, length, BLOCK_T), ONCE)
     K = _shift(x_ptr, b64, sxb, sxc, offs_c, C, length, BLOCK_C, POOL_ALL, MODE)
 
     # GLOBAL: one summary per span of SPAN tiles; a strip sums its whole sequence, then reads it again below
@@ -586,7 +607,7 @@ def running_norm_fwd(
     rec0 = seq.to(tl.int64) * NT * (6 * SC)
     d_tile = tl.exp2(log2d * BLOCK_T)
     if STRIP:  # the walk reads each tile one step ahead, so its load overlaps the previous tile's work
-        xn, mn = _load_tile(xb, sxt, sxc, it0, T, length, offs_c, C, K, BLOCK_T)
+        xn, mn = _load_tile(xb, sxt, sxc, it0, T, length, offs_c, C, K, BLOCK_T, ONCE)
     for step in range(NT if STRIP else 1):
         it = it0 + step
         # ---- load the tile (pooled: its first chunk of channels, kept in registers; the others are merged
@@ -598,11 +619,11 @@ def running_norm_fwd(
         Kt = _frame_shift(px, m_t, K, MODE)
         if STRIP:
             xk, msk = xn, mn
-            xn, mn = _load_tile(xb, sxt, sxc, it + 1, T, length, offs_c, C, K, BLOCK_T)
+            xn, mn = _load_tile(xb, sxt, sxc, it + 1, T, length, offs_c, C, K, BLOCK_T, ONCE)
         elif EARLY:
             xk, msk = tl.where(msk0, x0 - Kt, 0.0), msk0
         else:
-            xk, msk = _load(px, sxc, 0, offs_c, C, m_t, Kt)  # [BLOCK_C, BLOCK_T]
+            xk, msk = _load(px, sxc, 0, offs_c, C, m_t, Kt, ONCE)  # [BLOCK_C, BLOCK_T]
         ppre = pre_ptr + (seq.to(tl.int64) * NT + it) * (3 * SC) + offs_s
 
         if MODE == 3:  # GLOBAL, second launch: reduce the span summaries of this sequence (a strip has its own)
@@ -621,7 +642,7 @@ def running_norm_fwd(
         else:
             sw, sm, sq = _frame_stats(xk, msk, m_t, 0, C, BLOCK_C, POOL_ALL)
             for c0 in range(BLOCK_C, CL, BLOCK_C):
-                xc, mc = _load(px, sxc, c0, offs_c, C, m_t, Kt)
+                xc, mc = _load(px, sxc, c0, offs_c, C, m_t, Kt, AGAIN)
                 cw_, cm_, cq_ = _frame_stats(xc, mc, m_t, c0, C, BLOCK_C, POOL_ALL)
                 sw, sm, sq, _d = merge(sw, sm, sq, 1.0, cw_, cm_, cq_, 1.0)
             if MODE != 0:
@@ -645,7 +666,7 @@ def running_norm_fwd(
         in_t = offs_t < T  # padding frames are written as 0
         _write_y(py, syc, xk, msk, mean, r, 0, offs_c, C, in_t, w_ptr, b_ptr, HAS_W, HAS_B)
         for c0 in range(BLOCK_C, CL, BLOCK_C):
-            xc, mc = _load(px, sxc, c0, offs_c, C, m_t, Kt)
+            xc, mc = _load(px, sxc, c0, offs_c, C, m_t, Kt, ONCE)
             _write_y(py, syc, xc, mc, mean, r, c0, offs_c, C, in_t, w_ptr, b_ptr, HAS_W, HAS_B)
 
         if STORE_SOUT:  # the state after frame length - 1, written by the tile that holds that frame
@@ -732,8 +753,8 @@ def running_norm_bwd(
     REV: tl.constexpr = MODE == 1 or MODE == 2  # suffix sums: the walk starts at the last tile
     if STRIP:  # the walk reads each tile one step ahead, as in the forward
         first = NT - 1 if REV else 0
-        xn, mn = _load_tile(xb, sxt, sxc, first, T, length, offs_c, C, K, BLOCK_T)
-        gn, _m = _load_tile(gyb, sgt, sgc, first, T, length, offs_c, C, 0.0, BLOCK_T)
+        xn, mn = _load_tile(xb, sxt, sxc, first, T, length, offs_c, C, K, BLOCK_T, 0)
+        gn, _m = _load_tile(gyb, sgt, sgc, first, T, length, offs_c, C, 0.0, BLOCK_T, 0)
     for step in range(NT if STRIP else 1):
         vt = vt0 + step
         it = vt
@@ -749,8 +770,8 @@ def running_norm_bwd(
         if STRIP:
             xk, msk, gy = xn, mn, gn
             nxt = it - 1 if REV else it + 1
-            xn, mn = _load_tile(xb, sxt, sxc, nxt, T, length, offs_c, C, K, BLOCK_T)
-            gn, _m = _load_tile(gyb, sgt, sgc, nxt, T, length, offs_c, C, 0.0, BLOCK_T)
+            xn, mn = _load_tile(xb, sxt, sxc, nxt, T, length, offs_c, C, K, BLOCK_T, 0)
+            gn, _m = _load_tile(gyb, sgt, sgc, nxt, T, length, offs_c, C, 0.0, BLOCK_T, 0)
         elif EARLY:
             xk, msk, gy = tl.where(msk0, x0 - Kt, 0.0), msk0, g0
         else:
