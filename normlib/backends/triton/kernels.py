@@ -611,7 +611,7 @@ def running_norm_fwd(
     for step in range(NT if STRIP else 1):
         it = it0 + step
         # ---- load the tile (pooled: its first chunk of channels, kept in registers; the others are merged
-        # into the frames' statistics here and read again, from L2, to be written)
+        # into the frames' statistics here and read again, from L2 as the hints ask, to be written)
         t0 = it * BLOCK_T
         offs_t = t0 + tl.arange(0, BLOCK_T)
         m_t = (offs_t < T) & (offs_t < length)
