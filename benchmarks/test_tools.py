@@ -47,3 +47,18 @@ def test_ab_variant_forces_tiles():
     fwd = launch.running_norm_fwd
     assert ab.use_variant("tree@block_c=64,block_t=32") == {"block_c": 64, "block_t": 32}
     assert ab.use_variant("tree") == {} and launch.running_norm_fwd is fwd
+
+
+def test_pooled_forward_hints_l2_in_its_ptx():
+    """cln's pooled look-back forward, compiled for sm_90: the chunks it reads again carry evict_last, and its
+    other reads and y evict_first (without them ncu counted x read 1.39 times from DRAM)."""
+    import re
+
+    (args,) = [a for a in compile_check.configs()
+               if a[0].fn.__name__ == "running_norm_fwd" and a[3] == "fp32" and a[1]["MODE"] == 1
+               and a[1]["POOL_ALL"] and not a[1]["STRIP"] and a[2]["sxt"] == 1
+               and (a[2]["B"], a[2]["C"], a[2]["T"]) == (16, 512, 16000)][:1]
+    ptx = compile_check.compile_one(args).asm["ptx"]
+    ops = set(re.findall(r"\b(?:ld|st)\.global[\w:.]*\.v4", ptx))  # the tile's vector loads and stores
+    assert ops == {"ld.global.L1::evict_last.L2::cache_hint.v4", "ld.global.L1::evict_first.L2::cache_hint.v4",
+                   "st.global.L1::evict_first.L2::cache_hint.v4"}, ops
