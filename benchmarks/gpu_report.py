@@ -7,7 +7,9 @@ with affine, lengths and states; chunked streaming; DC offset 1e4 in fp32 (no Na
 2^31 elements; gradients, determinism, torch.compile and opcheck. Then times the forward of normlib (Triton), torch eager and torch.compile of the
 reference, and a copy (clone) of the same tensor, in the same run; prints GB/s and ratios to the copy and
 writes a markdown table (for benchmarks/RESULTS.md) under --out. The checks take several minutes (mostly
-compiling): split them over device calls with --stages fwdchecks and --stages gradchecks.
+compiling): split them over device calls with --stages fwdchecks and --stages gradchecks. --stages graphs
+times the forward and the copy replayed from CUDA graphs: the GPU's time, where the eager rows of small
+shapes measure the host's launch path.
 """
 from __future__ import annotations
 
@@ -344,6 +346,47 @@ def bench(jobs, stage, out):
     return rows
 
 
+def _graph_t(fn, calls=10):
+    """Device time of one call: ``calls`` calls captured in one CUDA graph, replayed (no host launch cost)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm up outside the capture: compiles, caches, workspaces
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    return _t(g.replay) / calls
+
+
+def graph_times(shapes, norms, out):
+    """Stage "graphs": normlib's forward and a copy, each replayed from a CUDA graph, so that the small
+    shapes measure the GPU's work rather than the host's launch path (what a model run under CUDA graphs,
+    e.g. torch.compile's mode="reduce-overhead", pays)."""
+    print("== CUDA graph replay: device time per call (forward; 10 calls a graph)", flush=True)
+    lines = ["| norm | B, C, T | dtype | layout | fwd µs | copy µs | fwd ÷ copy time |", "|---|---|---|---|---|---|---|"]
+    for (B, C, T) in shapes:
+        for dn in ("fp32", "bf16"):
+            for layout in ("b c t", "b t c"):
+                x = make(B, C, T, DTYPES[dn], layout, seed=1)
+                w = torch.ones(C, device="cuda")
+                b = torch.zeros(C, device="cuda")
+                copy_ms = _graph_t(lambda: x.clone())
+                for name in norms:
+                    spec = spec_of(name)
+                    with torch.no_grad():
+                        ms = _graph_t(lambda: norm(spec, x, w, b, layout=layout, backend="triton"))
+                    row = dict(norm=name, B=B, C=C, T=T, dtype=dn, layout=layout, graph_fwd=ms, graph_copy=copy_ms)
+                    with open(os.path.join(out, "rows-graphs.jsonl"), "a") as f:
+                        f.write(json.dumps(row) + "\n")
+                    lines.append(f"| {name} | {B}, {C}, {T} | {dn} | {layout} | {ms * 1e3:.1f} | {copy_ms * 1e3:.1f} "
+                                 f"| {ms / copy_ms:.2f} |")
+                    print(lines[-1], flush=True)
+    return "\n".join(lines)
+
+
 def table(rows, compiled=()):
     """Markdown: ratios to the copy of the same bytes (forward 2N, backward 3N, step 5N moved)."""
     cmp = {(r["norm"], r["B"], r["C"], r["T"], r["dtype"]): r for r in compiled}
@@ -407,7 +450,8 @@ def main():
     p.add_argument("--quick", action="store_true")
     p.add_argument("--stages", default="checks,eager,compile",
                    help="any of checks (= fwdchecks,gradchecks), fwdchecks, gradchecks (with opchecks), "
-                        "opchecks (compile and opcheck only), eager, compile")
+                        "opchecks (compile and opcheck only), eager, compile, graphs (forward and copy "
+                        "replayed from CUDA graphs; the small shapes unless --shapes)")
     p.add_argument("--shapes", help="timing shapes as BxCxT,... (default: the issue's six)")
     p.add_argument("--norms", help="timing norms, comma-separated (default: all)")
     p.add_argument("--warm", type=int, default=12, help="processes that compile every row before timing")
@@ -442,6 +486,10 @@ def main():
         result[stage] = bench(jobs[stage], stage, a.out)
         with open(os.path.join(a.out, f"report-{stage}.json"), "w") as f:
             json.dump(dict(result, rows=result[stage]), f)
+    if "graphs" in stages:
+        md = head + "\n\n" + graph_times(shapes or SMALL, norms or NORMS, a.out) + "\n"
+        with open(os.path.join(a.out, "report-graphs.md"), "w") as f:
+            f.write(md)
     if "eager" in stages:
         md = (head + "\n\n" + table(result["eager"], result.get("compile", ())) + "\n\n"
               + targets(result["eager"], result.get("compile", ())) + "\n")
