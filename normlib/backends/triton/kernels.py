@@ -343,14 +343,14 @@ def _store(p, syc, v, c0, offs_c, C, in_t, HINT: tl.constexpr):
 
 @triton.jit
 def _write_y(py, syc, xk, msk, mean, r, c0, offs_c, C, in_t, w_ptr, b_ptr, HAS_W: tl.constexpr,
-             HAS_B: tl.constexpr):
+             HAS_B: tl.constexpr, HINT: tl.constexpr):
     """y = (x - mean) * rstd (* weight + bias) for channels c0 + offs_c; padding frames get 0."""
     y = (xk - mean) * r
     if HAS_W:
         y = y * tl.load(w_ptr + c0 + offs_c, mask=(c0 + offs_c) < C, other=1.0).to(tl.float32)[:, None]
     if HAS_B:
         y = y + tl.load(b_ptr + c0 + offs_c, mask=(c0 + offs_c) < C, other=0.0).to(tl.float32)[:, None]
-    _store(py, syc, tl.where(msk, y, 0.0), c0, offs_c, C, in_t, ONCE)
+    _store(py, syc, tl.where(msk, y, 0.0), c0, offs_c, C, in_t, HINT)
 
 
 @triton.jit
@@ -569,9 +569,11 @@ def running_norm_fwd(
         ctr_ptr, x_ptr, len_ptr, sxb, sxc, B, C, T, NCB, NT, MODE, POOL_ALL, HAS_LEN, BLOCK_C, SC, False, STRIP)
     xb = x_ptr + b64 * sxb
     EARLY: tl.constexpr = (MODE == 1 or MODE == 2) and not STRIP  # a look-back tile reads its first chunk
+    # L2 hints for pooled tiles, which read chunks twice; per-channel tiles read once and were not timed with them
+    STREAM: tl.constexpr = ONCE if POOL_ALL else 0
     if EARLY:  # before the shift's loads, so that the two waits overlap
         x0, msk0 = _load_raw(xb + (it0 * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)[None, :] * sxt, sxc, 0,
-                             offs_c, C, _frame_mask(it0, T, length, BLOCK_T), ONCE)
+                             offs_c, C, _frame_mask(it0, T, length, BLOCK_T), STREAM)
     K = _shift(x_ptr, b64, sxb, sxc, offs_c, C, length, BLOCK_C, POOL_ALL, MODE)
 
     # GLOBAL: one summary per span of SPAN tiles; a strip sums its whole sequence, then reads it again below
@@ -607,7 +609,7 @@ def running_norm_fwd(
     rec0 = seq.to(tl.int64) * NT * (6 * SC)
     d_tile = tl.exp2(log2d * BLOCK_T)
     if STRIP:  # the walk reads each tile one step ahead, so its load overlaps the previous tile's work
-        xn, mn = _load_tile(xb, sxt, sxc, it0, T, length, offs_c, C, K, BLOCK_T, ONCE)
+        xn, mn = _load_tile(xb, sxt, sxc, it0, T, length, offs_c, C, K, BLOCK_T, STREAM)
     for step in range(NT if STRIP else 1):
         it = it0 + step
         # ---- load the tile (pooled: its first chunk of channels, kept in registers; the others are merged
@@ -619,11 +621,11 @@ def running_norm_fwd(
         Kt = _frame_shift(px, m_t, K, MODE)
         if STRIP:
             xk, msk = xn, mn
-            xn, mn = _load_tile(xb, sxt, sxc, it + 1, T, length, offs_c, C, K, BLOCK_T, ONCE)
+            xn, mn = _load_tile(xb, sxt, sxc, it + 1, T, length, offs_c, C, K, BLOCK_T, STREAM)
         elif EARLY:
             xk, msk = tl.where(msk0, x0 - Kt, 0.0), msk0
         else:
-            xk, msk = _load(px, sxc, 0, offs_c, C, m_t, Kt, ONCE)  # [BLOCK_C, BLOCK_T]
+            xk, msk = _load(px, sxc, 0, offs_c, C, m_t, Kt, STREAM)  # [BLOCK_C, BLOCK_T]
         ppre = pre_ptr + (seq.to(tl.int64) * NT + it) * (3 * SC) + offs_s
 
         if MODE == 3:  # GLOBAL, second launch: reduce the span summaries of this sequence (a strip has its own)
@@ -664,10 +666,10 @@ def running_norm_fwd(
         r = _rstd(var, eps, EPS_OUTSIDE)
         py = y_ptr + b64 * syb + offs_t.to(tl.int64)[None, :] * syt
         in_t = offs_t < T  # padding frames are written as 0
-        _write_y(py, syc, xk, msk, mean, r, 0, offs_c, C, in_t, w_ptr, b_ptr, HAS_W, HAS_B)
+        _write_y(py, syc, xk, msk, mean, r, 0, offs_c, C, in_t, w_ptr, b_ptr, HAS_W, HAS_B, STREAM)
         for c0 in range(BLOCK_C, CL, BLOCK_C):
-            xc, mc = _load(px, sxc, c0, offs_c, C, m_t, Kt, ONCE)
-            _write_y(py, syc, xc, mc, mean, r, c0, offs_c, C, in_t, w_ptr, b_ptr, HAS_W, HAS_B)
+            xc, mc = _load(px, sxc, c0, offs_c, C, m_t, Kt, STREAM)
+            _write_y(py, syc, xc, mc, mean, r, c0, offs_c, C, in_t, w_ptr, b_ptr, HAS_W, HAS_B, STREAM)
 
         if STORE_SOUT:  # the state after frame length - 1, written by the tile that holds that frame
             at = (offs_t == length - 1)[None, :]
