@@ -229,6 +229,36 @@ def test_pooled_backward_chunks_channels_its_own_way(name):
     check_gradients(got, want, F32)
 
 
+@pytest.mark.parametrize("name, layout", [pytest.param(n, lay, id=f"{n}-{lay}") for n, lay in [
+    ("cln", "bct"), ("cln", "btc"), ("emaln", "btc")]])
+def test_pooled_tiles_hold_or_read_again_their_first_chunk(name, layout):
+    """A pooled look-back tile either holds its first chunk of channels through the look-back or reads it
+    again to write it (the launcher picks per shape, forward and backward apart). Both give the float64
+    reference's y and gradients, and the same bits as each other: only where x comes from differs. C=11 in
+    chunks of 4, 4 tiles of 4 frames, lengths, an incoming state, a loss on the returned state."""
+    B, C, T = 3, 11, 15
+    layout = LAYOUTS[layout]
+    x = make_x(B, C, T, layout, F32, offset=0.3)
+    w, b = make_affine(C, F32)
+    lengths = torch.tensor([T, 9, 1])
+    state = make_state(name, B, C, SD, empty_rows=(1,))
+    gy, gs = cotangents(name, x, B, C, True)
+    kw = dict(state=state, gy=gy, gs=gs, layout=layout, lengths=lengths)
+    want = gradients(name, x, w, b, eps_for(name), oracle=True, **kw)
+    fn = getattr(normlib.functional, name)
+    got = {}
+    for hold in (True, False):
+        with tile_size(block_t=4, window=2, block_c=4, hold=hold, bwd_hold=not hold):
+            y, _s = fn(dev(x), dev(w), dev(b), eps_for(name), backend="triton", layout=layout, lengths=dev(lengths),
+                       state=None if state is None else state.to(DEVICE), return_state=True)
+            got[hold] = dict(gradients(name, x, w, b, eps_for(name), **kw), y=y)
+        check_gradients({k: v for k, v in got[hold].items() if k != "y"}, want, F32, f"hold={hold}")
+    y_ref, _s = ref(name, x, w, b, eps_for(name), layout=layout, lengths=lengths, state=state, return_state=True)
+    assert_rel(got[True]["y"], y_ref, TOL[F32], "y")
+    for k, v in got[True].items():
+        assert torch.equal(v, got[False][k]), f"{k}: holding the first chunk and reading it again differ"
+
+
 # ---------------------------------------------------------------------------------------------------
 # Padding frames get exactly zero gradient, whatever dL/dy holds there
 # ---------------------------------------------------------------------------------------------------

@@ -591,11 +591,27 @@ def test_frame_rows_are_128_bytes_in_any_dtype():
     assert ct(512, 16000, False, True, None, launch.FRAME, 2) == (128, 32, 4)
     # the forward's tiles hold 8192 values: 256 channels of fp32; the backward keeps 128
     fwd_bwd = lambda es: [launch.choose_launch(16, 512, 16000, False, False, launch.FRAME, 132, 1 << 29, es)[i]  # noqa: E731
-                          for i in (0, 1, 4)]
+                          for i in (0, 1, 5)]
     assert fwd_bwd(4) == [256, 32, 128] and fwd_bwd(2) == [128, 64, 128]
     x = make_x(2, 7, 150).to(F16)
     with tile_size(block_c=4):
         check_output(tri("frameln", dev(x)), dev(x), ref("frameln", x), F16, "frameln fp16")
+
+
+def test_pooled_lookback_forward_reads_its_first_chunk_again_when_its_tiles_fit_l2():
+    """The forward's hold flag (index 4), from the bytes of the tiles in flight on 132 SMs; the backward never
+    holds; tiles with no look-back to wait on always hold, so that they compile one kernel."""
+    def hold(B, C, T, last, es, pc=False, mode=launch.CUMULATIVE):
+        f = launch.choose_launch(B, C, T, pc, last, mode, 132, B * C * T * es, es)
+        return f[4], f[7]
+    assert hold(16, 512, 16000, False, 4) == (True, False)  # 69 MB in flight
+    assert hold(16, 512, 16000, False, 2) == (False, False)  # 35 MB
+    assert hold(16, 512, 16000, True, 4) == (True, False)  # 43 MB
+    assert hold(1, 128, 256000, False, 4) == (False, False)  # 17 MB
+    assert hold(2, 256, 64000, True, 4, mode=launch.EMA) == (False, False)
+    for kw in (dict(pc=True), dict(mode=launch.FRAME), dict(mode=launch.GLOBAL)):
+        assert hold(1, 128, 256000, False, 4, **kw) == (True, True), kw
+    assert hold(600, 64, 300, False, 4) == (True, True)  # a strip walk
 
 
 def test_look_back_window_covers_one_sequences_tiles_in_flight():

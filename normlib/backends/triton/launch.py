@@ -15,6 +15,8 @@ FRAME, CUMULATIVE, EMA, GLOBAL = 0, 1, 2, 3
 STRIP_PER_SM = 4  # running modes walk each sequence in one program when there are this many per SM
 STRIP_PER_SM_BTC = 1.5  # per-channel "b t c" tiles fill an SM with 2 programs (198 registers)
 GLOBAL_STRIP_BYTES = 32 << 20  # GLOBAL reads x twice in one launch below this size (L2: 50 MB H100, 60 MB H200)
+LEAN_BYTES = 36 << 20  # a pooled look-back forward stops holding its first chunk when its tiles in flight fit
+LEAN_BLOCKS = (4, 5)  # programs per SM of such a lean forward, "b c t" and "b t c" (125 and 96 registers)
 _OVERRIDE: dict = {}
 _WORKSPACES: dict = {}
 _TILES: dict = {}
@@ -22,15 +24,17 @@ _TILES: dict = {}
 
 @contextlib.contextmanager
 def tile_size(block_t=None, block_c=None, window=None, span=None, walk=None, warps=None, strip=None,
-              bwd_block_c=None, bwd_warps=None):
+              bwd_block_c=None, bwd_warps=None, hold=None, bwd_hold=None):
     """Force tile sizes (tests use small tiles so that the look-back runs on small inputs); ``walk``
     makes the look-back ignore published prefixes but tile 0's, so it crosses several windows; ``strip``
-    forces (True) or forbids (False) one program per sequence in the running modes; ``bwd_*`` set the
-    backward's own choices (a pooled backward's BLOCK_C, any backward's warps)."""
+    forces (True) or forbids (False) one program per sequence in the running modes; ``hold`` forces
+    whether a pooled look-back tile holds its first chunk of channels (or reads it again); ``bwd_*`` set
+    the backward's own choices (a pooled backward's BLOCK_C and hold, any backward's warps)."""
     old = dict(_OVERRIDE)
     _OVERRIDE.update({k: v for k, v in dict(block_t=block_t, block_c=block_c, window=window, span=span,
                                             walk=walk, warps=warps, strip=strip, bwd_block_c=bwd_block_c,
-                                            bwd_warps=bwd_warps).items() if v is not None})
+                                            bwd_warps=bwd_warps, hold=hold, bwd_hold=bwd_hold).items()
+                      if v is not None})
     try:
         yield
     finally:
@@ -104,10 +108,22 @@ def strip_for(mode, n_seq, per_channel, channels_last, num_sms, nbytes) -> bool:
     return mode in (CUMULATIVE, EMA) and n_seq >= per_sm * num_sms
 
 
+def hold_for(B, C, T, block_t, channels_last, num_sms, elem_size) -> bool:
+    """Whether a pooled look-back forward tile holds its first chunk of channels in registers through the
+    look-back, or reads it again (from L2, kept there by a hint) to write it. Reading it again frees the
+    registers that set the occupancy (cln "b c t" [128, 64]: 199 -> 125, so 2 -> 4 programs per SM), but
+    keeps every chunk of the tiles in flight in L2. So it pays when those fit: cln's forward on the H200
+    went 0.41 -> 0.49 of a copy in bf16 (16, 512, 16000) "b c t" (35 MB in flight) and 0.36 -> 0.42 on
+    (1, 128, 256000), but fell 0.70 -> 0.54 in fp32 (69 MB) and 0.50 -> 0.39 in "b t c" (42 MB)."""
+    tiles = B * triton.cdiv(T, block_t)
+    in_flight = min(tiles, LEAN_BLOCKS[channels_last] * num_sms) * C * block_t * elem_size
+    return in_flight > LEAN_BYTES
+
+
 def choose_launch(B, C, T, per_channel, channels_last, mode, num_sms, nbytes, elem_size=4):
-    """(BLOCK_C, BLOCK_T, num_warps, strip, backward BLOCK_C, backward num_warps) for a (B, C, T) input.
-    The backward may chunk a pooled tile's channels differently and run on other warps: it reads only the
-    tiles' prefixes, which do not depend on them (per-channel tiles keep one BLOCK_C). FRAME's pooled
+    """(BLOCK_C, BLOCK_T, num_warps, strip, hold, backward BLOCK_C, backward num_warps, backward hold)
+    for a (B, C, T) input. The backward may chunk a pooled tile's channels differently and run on other
+    warps: it reads only the tiles' prefixes, which do not depend on them (per-channel tiles keep one BLOCK_C). FRAME's pooled
     "b c t" forward takes 8192 values a tile ([256, 32] in fp32: frameln (16, 512, 16000) 0.72 -> 0.80 of a
     copy on the H200); its backward keeps [128, 32] (0.64 there, and 0.66 at [256, 32]: within the
     backward's run-to-run spread). A pooled strip walk
@@ -124,7 +140,12 @@ def choose_launch(B, C, T, per_channel, channels_last, mode, num_sms, nbytes, el
     if strip and not per_channel:
         warps = _OVERRIDE.get("warps", 8)
     bc_b = bc if per_channel else _OVERRIDE.get("bwd_block_c", bc_b)
-    return bc, bt, warps, strip, bc_b, _OVERRIDE.get("bwd_warps", warps)
+    lean = not per_channel and mode in (CUMULATIVE, EMA) and not strip  # others have no look-back to wait on
+    hold = _OVERRIDE.get("hold", not lean or hold_for(B, C, T, bt, channels_last, num_sms, elem_size))
+    # the backward never holds: freeing 26 to 118 registers (255 with a spill -> 229 in "b c t") measured
+    # 0.44 -> 0.50 of a copy in "b t c" and 0.34 -> 0.38 in bf16, and no case slower beyond its spread
+    return (bc, bt, warps, strip, bool(hold), bc_b, _OVERRIDE.get("bwd_warps", warps),
+            bool(_OVERRIDE.get("bwd_hold", not lean)))
 
 
 class Plan(NamedTuple):
@@ -143,8 +164,8 @@ class Plan(NamedTuple):
 
 def tiles_for(x, per_channel, decay=None) -> list[int]:
     """The launch choices for x, as ints an op can carry: [block_c, block_t, warps, window, span, walk,
-    deterministic, strip, backward block_c, backward warps]. Forward and backward take the same list, so
-    they always agree on the tiling (``backward_tiles`` gives the backward's view of it). Eager
+    deterministic, strip, hold, backward block_c, backward warps, backward hold]. Forward and backward take
+    the same list, so they always agree on the tiling (``backward_tiles`` gives the backward's view of it). Eager
     calls look them up in a cache (the host path of a small call is longer than its kernel)."""
     if torch.compiler.is_compiling():
         return _tiles_for(x, per_channel, decay)
@@ -161,21 +182,22 @@ def tiles_for(x, per_channel, decay=None) -> list[int]:
 def _tiles_for(x, per_channel, decay) -> list[int]:
     B, C, T = x.shape
     channels_last = x.stride(1) == 1 and x.stride(2) != 1
-    bc, bt, warps, strip, bc_b, warps_b = choose_launch(B, C, T, per_channel, channels_last, time_mode(decay),
-                                                        _num_sms(x.device), x.numel() * x.element_size(),
-                                                        x.element_size())
+    bc, bt, warps, strip, hold, bc_b, warps_b, hold_b = choose_launch(
+        B, C, T, per_channel, channels_last, time_mode(decay), _num_sms(x.device), x.numel() * x.element_size(),
+        x.element_size())
     ncb = triton.cdiv(C, bc) if per_channel else 1
     window = _OVERRIDE.get("window", window_for(per_channel, B * ncb, _num_sms(x.device)))
     want = max(1, 4 * _num_sms(x.device) // max(1, B * ncb))
     span = _OVERRIDE.get("span", max(1, triton.cdiv(triton.cdiv(T, bt), want)))
     deterministic = torch.are_deterministic_algorithms_enabled()
     walk = bool(_OVERRIDE.get("walk")) and not deterministic  # a walk would hide the prefix it waits for
-    return [bc, bt, warps, window, span, int(walk), int(deterministic), int(strip), bc_b, warps_b]
+    return [bc, bt, warps, window, span, int(walk), int(deterministic), int(strip), int(hold), bc_b, warps_b,
+            int(hold_b)]
 
 
 def backward_tiles(tiles) -> list[int]:
-    """The backward's launch choices: the list with its own BLOCK_C and warps in front."""
-    return [tiles[8], tiles[1], tiles[9]] + list(tiles[3:8])
+    """The backward's launch choices: the list with its own BLOCK_C, warps and hold in their places."""
+    return [tiles[9], tiles[1], tiles[10]] + list(tiles[3:8]) + [tiles[11]]
 
 
 def plan(shape, per_channel, decay, tiles) -> Plan:
@@ -217,7 +239,8 @@ def _launch(kernel, p: Plan, tiles, x, B, per_channel, **kw):
     """Run the kernel: one launch with the look-back, or GLOBAL's two, or a plain grid for FRAME."""
     strip = bool(tiles[7])
     flags = dict(POOL_ALL=not per_channel, MODE=p.mode, BLOCK_C=p.block_c, BLOCK_T=p.block_t, WINDOW=p.window,
-                 DETERMINISTIC=bool(tiles[6]), AGG_ONLY=bool(tiles[5]), STRIP=strip, num_warps=p.warps)
+                 DETERMINISTIC=bool(tiles[6]), AGG_ONLY=bool(tiles[5]), STRIP=strip, HOLD=bool(tiles[8]),
+                 num_warps=p.warps)
     sizes = dict(B=B, C=x.shape[1], T=x.shape[2], NCB=p.ncb, NT=p.nt, NSPAN=p.nspan, log2d=p.log2d)
     if p.mode == GLOBAL and strip:  # one launch: each program sums its sequence, then normalizes it
         kernel[(B * p.ncb,)](**kw, ws_ptr=x, ctr_ptr=x, **sizes, PHASE=2, SPAN=1, **flags)
