@@ -48,6 +48,7 @@ def configs():
         st = dict(b=C * T, c=1 if last else T, t=C if last else 1)
         causal = mode != 3
         strip = strip or (mode != 0 and full)  # the strip variant of every running mode, too
+        hold_f, hold_b = hold_f or strip, hold_b or strip  # a strip walk holds its tiles, as the launcher says
         for phase, (kernel, bc, warps, hold) in itertools.product(
                 (2,) if mode == 3 and strip else (1, 2) if mode == 3 else (0,),
                 ((running_norm_fwd, bc_f, warps_f, hold_f), (running_norm_bwd, bc_b, warps_b, hold_b))):
@@ -189,7 +190,8 @@ def main():
             if res[0] == "ok" and a.resources:
                 kernel, const, ints, dt, warps, _ = args
                 print(kernel.fn.__name__, dt, "btc" if ints["sxc"] == 1 else "bct", f"warps={warps}",
-                      {k: const[k] for k in ("POOL_ALL", "MODE", "PHASE", "BLOCK_C", "BLOCK_T", "STRIP", "HAS_W")},
+                      {k: const[k] for k in ("POOL_ALL", "MODE", "PHASE", "BLOCK_C", "BLOCK_T", "STRIP", "HOLD",
+                                             "HAS_W")},
                       res[1], flush=True)
             if res[0] != "ok":
                 bad += 1
