@@ -625,7 +625,7 @@ def running_norm_fwd(
         xn, mn = _load_tile(xb, sxt, sxc, it0, T, length, offs_c, C, K, BLOCK_T, STREAM)
     for step in range(NT if STRIP else 1):
         it = it0 + step
-        # ---- load the tile (pooled: its first chunk of channels, kept in registers; the others are merged
+        # ---- load the tile (pooled: its first chunk of channels, held unless LEAN; the others are merged
         # into the frames' statistics here and read again, from L2 as the hints ask, to be written)
         t0 = it * BLOCK_T
         offs_t = t0 + tl.arange(0, BLOCK_T)
@@ -778,7 +778,7 @@ def running_norm_bwd(
         it = vt
         if MODE == 1 or MODE == 2:
             it = NT - 1 - vt
-        # ---- load the tile's first chunk of channels (kept in registers; pooled tiles read the others twice)
+        # ---- load the tile's first chunk of channels (held unless LEAN; pooled tiles read the others twice)
         t0 = it * BLOCK_T
         offs_t = t0 + tl.arange(0, BLOCK_T)
         m_t = (offs_t < T) & (offs_t < length)

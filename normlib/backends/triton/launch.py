@@ -15,7 +15,8 @@ FRAME, CUMULATIVE, EMA, GLOBAL = 0, 1, 2, 3
 STRIP_PER_SM = 4  # running modes walk each sequence in one program when there are this many per SM
 STRIP_PER_SM_BTC = 1.5  # per-channel "b t c" tiles fill an SM with 2 programs (198 registers)
 GLOBAL_STRIP_BYTES = 32 << 20  # GLOBAL reads x twice in one launch below this size (L2: 50 MB H100, 60 MB H200)
-LEAN_BYTES = 36 << 20  # a pooled look-back forward stops holding its first chunk when its tiles in flight fit
+LEAN_BYTES = {4: 24 << 20, 2: 36 << 20}  # by element size: a pooled look-back forward reads its first chunk
+# again, rather than holding it, when its tiles in flight take no more than this (hold_for)
 LEAN_BLOCKS = (4, 5)  # programs per SM of such a lean forward, "b c t" and "b t c" (125 and 96 registers)
 _OVERRIDE: dict = {}
 _WORKSPACES: dict = {}
@@ -111,13 +112,17 @@ def strip_for(mode, n_seq, per_channel, channels_last, num_sms, nbytes) -> bool:
 def hold_for(B, C, T, block_t, channels_last, num_sms, elem_size) -> bool:
     """Whether a pooled look-back forward tile holds its first chunk of channels in registers through the
     look-back, or reads it again (from L2, kept there by a hint) to write it. Reading it again frees the
-    registers that set the occupancy (cln "b c t" [128, 64]: 199 -> 125, so 2 -> 4 programs per SM), but
-    keeps every chunk of the tiles in flight in L2. So it pays when those fit: cln's forward on the H200
-    went 0.41 -> 0.49 of a copy in bf16 (16, 512, 16000) "b c t" (35 MB in flight) and 0.36 -> 0.42 on
-    (1, 128, 256000), but fell 0.70 -> 0.54 in fp32 (69 MB) and 0.50 -> 0.39 in "b t c" (42 MB)."""
+    registers that set the occupancy (cln "b c t" [128, 64]: 197 -> 125 in fp32, 233 -> 128 in bf16, so 2
+    -> 4 programs per SM), but keeps every chunk of the tiles in flight in L2. Measured on the H200 (cln
+    forward, fraction of a copy, held -> read again, MB in flight when read again):
+    fp32 (1, 128, 256000) 0.36 -> 0.42 (17 MB), emaln (2, 256, 64000) "b t c" 0.38 -> 0.40 (22 MB),
+    (2, 256, 64000) 0.54 -> 0.50-0.55 (35 MB), (16, 256, 16000) 0.59 -> 0.40 (35 MB), (16, 512, 16000)
+    "b t c" 0.50 -> 0.39 (43 MB) and "b c t" 0.70 -> 0.54 (69 MB); bf16 (16, 512, 16000) 0.41 -> 0.49 (35 MB).
+    Held 16-bit tiles carry half the bytes for the same latency, so they gain from occupancy up to a larger
+    footprint than fp32 ones."""
     tiles = B * triton.cdiv(T, block_t)
     in_flight = min(tiles, LEAN_BLOCKS[channels_last] * num_sms) * C * block_t * elem_size
-    return in_flight > LEAN_BYTES
+    return in_flight > LEAN_BYTES[elem_size]
 
 
 def choose_launch(B, C, T, per_channel, channels_last, mode, num_sms, nbytes, elem_size=4):
