@@ -8,8 +8,8 @@ with affine, lengths and states; chunked streaming; DC offset 1e4 in fp32 (no Na
 reference, and a copy (clone) of the same tensor, in the same run; prints GB/s and ratios to the copy and
 writes a markdown table (for benchmarks/RESULTS.md) under --out. The checks take several minutes (mostly
 compiling): split them over device calls with --stages fwdchecks and --stages gradchecks. --stages graphs
-times the forward and the copy replayed from CUDA graphs: the GPU's time, where the eager rows of small
-shapes measure the host's launch path.
+times the forward, a training step and the copy replayed from CUDA graphs: the GPU's time, where the eager
+rows of small shapes measure the host's launch path (--shapes 4x512x4000,2x256x64000 for the mid sizes).
 """
 from __future__ import annotations
 
@@ -362,27 +362,41 @@ def _graph_t(fn, calls=10):
 
 
 def graph_times(shapes, norms, out):
-    """Stage "graphs": normlib's forward and a copy, each replayed from a CUDA graph, so that the small
-    shapes measure the GPU's work rather than the host's launch path (what a model run under CUDA graphs,
-    e.g. torch.compile's mode="reduce-overhead", pays)."""
-    print("== CUDA graph replay: device time per call (forward; 10 calls a graph)", flush=True)
-    lines = ["| norm | B, C, T | dtype | layout | fwd µs | copy µs | fwd ÷ copy time |", "|---|---|---|---|---|---|---|"]
+    """Stage "graphs": normlib's forward, a training step of the layer (forward, then dx, dweight and dbias,
+    as in the eager table) and a copy, each replayed from a CUDA graph, so that they measure the GPU's work
+    rather than the host's launch path (what a model run under CUDA graphs, e.g. torch.compile's
+    mode="reduce-overhead", pays). The step is captured whole because autograd runs a backward on its
+    forward's stream; the backward's time is the step's less the forward's. Replays do not flush L2:
+    tensors under about 50 MB run partly from it, the copy as well."""
+    print("== CUDA graph replay: device time per call (10 calls a graph)", flush=True)
+    lines = ["| norm | B, C, T | dtype | layout | fwd µs | step µs | copy µs | fwd ÷ copy time | fwd ÷ copy "
+             "| bwd ÷ copy | step ÷ copy |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for (B, C, T) in shapes:
         for dn in ("fp32", "bf16"):
             for layout in ("b c t", "b t c"):
                 x = make(B, C, T, DTYPES[dn], layout, seed=1)
-                w = torch.ones(C, device="cuda")
-                b = torch.zeros(C, device="cuda")
+                gy = make(B, C, T, DTYPES[dn], layout, seed=2)
+                w = torch.ones(C, device="cuda", requires_grad=True)
+                b = torch.zeros(C, device="cuda", requires_grad=True)
+                xg = x.detach().requires_grad_()
                 copy_ms = _graph_t(lambda: x.clone())
                 for name in norms:
                     spec = spec_of(name)
                     with torch.no_grad():
                         ms = _graph_t(lambda: norm(spec, x, w, b, layout=layout, backend="triton"))
-                    row = dict(norm=name, B=B, C=C, T=T, dtype=dn, layout=layout, graph_fwd=ms, graph_copy=copy_ms)
+                    try:
+                        step = _graph_t(lambda: torch.autograd.grad(
+                            norm(spec, xg, w, b, layout=layout, backend="triton"), (xg, w, b), gy))
+                    except Exception as exc:  # noqa: BLE001 (a step that cannot be captured: no figure)
+                        print("  step capture failed", name, type(exc).__name__, str(exc)[:200], flush=True)
+                        step = float("nan")
+                    row = dict(norm=name, B=B, C=C, T=T, dtype=dn, layout=layout, graph_fwd=ms, graph_step=step,
+                               graph_copy=copy_ms)
                     with open(os.path.join(out, "rows-graphs.jsonl"), "a") as f:
                         f.write(json.dumps(row) + "\n")
-                    lines.append(f"| {name} | {B}, {C}, {T} | {dn} | {layout} | {ms * 1e3:.1f} | {copy_ms * 1e3:.1f} "
-                                 f"| {ms / copy_ms:.2f} |")
+                    lines.append(f"| {name} | {B}, {C}, {T} | {dn} | {layout} | {ms * 1e3:.1f} | {step * 1e3:.1f} "
+                                 f"| {copy_ms * 1e3:.1f} | {ms / copy_ms:.2f} | {copy_ms / ms:.2f} "
+                                 f"| {1.5 * copy_ms / (step - ms):.2f} | {2.5 * copy_ms / step:.2f} |")
                     print(lines[-1], flush=True)
     return "\n".join(lines)
 
@@ -450,7 +464,7 @@ def main():
     p.add_argument("--quick", action="store_true")
     p.add_argument("--stages", default="checks,eager,compile",
                    help="any of checks (= fwdchecks,gradchecks), fwdchecks, gradchecks (with opchecks), "
-                        "opchecks (compile and opcheck only), eager, compile, graphs (forward and copy "
+                        "opchecks (compile and opcheck only), eager, compile, graphs (forward, step and copy "
                         "replayed from CUDA graphs; the small shapes unless --shapes)")
     p.add_argument("--shapes", help="timing shapes as BxCxT,... (default: the issue's six)")
     p.add_argument("--norms", help="timing norms, comma-separated (default: all)")
