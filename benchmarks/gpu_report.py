@@ -371,6 +371,7 @@ def graph_times(shapes, norms, out):
     print("== CUDA graph replay: device time per call (10 calls a graph)", flush=True)
     lines = ["| norm | B, C, T | dtype | layout | fwd µs | step µs | copy µs | fwd ÷ copy time | fwd ÷ copy "
              "| bwd ÷ copy | step ÷ copy |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    capture_steps = True
     for (B, C, T) in shapes:
         for dn in ("fp32", "bf16"):
             for layout in ("b c t", "b t c"):
@@ -384,19 +385,23 @@ def graph_times(shapes, norms, out):
                     spec = spec_of(name)
                     with torch.no_grad():
                         ms = _graph_t(lambda: norm(spec, x, w, b, layout=layout, backend="triton"))
-                    try:
-                        step = _graph_t(lambda: torch.autograd.grad(
-                            norm(spec, xg, w, b, layout=layout, backend="triton"), (xg, w, b), gy))
-                    except Exception as exc:  # noqa: BLE001 (a step that cannot be captured: no figure)
-                        print("  step capture failed", name, type(exc).__name__, str(exc)[:200], flush=True)
-                        step = float("nan")
+                    step = float("nan")
+                    if capture_steps:
+                        try:
+                            step = _graph_t(lambda: torch.autograd.grad(
+                                norm(spec, xg, w, b, layout=layout, backend="triton"), (xg, w, b), gy))
+                        except Exception as exc:  # noqa: BLE001 (a failed capture may leave CUDA unusable for
+                            # more: stop capturing steps, keep the forwards)
+                            print("  step capture failed", name, type(exc).__name__, str(exc)[:200], flush=True)
+                            capture_steps = False
+                    bwd = step - ms if step > ms else float("nan")  # noise can put a step under its forward
                     row = dict(norm=name, B=B, C=C, T=T, dtype=dn, layout=layout, graph_fwd=ms, graph_step=step,
                                graph_copy=copy_ms)
                     with open(os.path.join(out, "rows-graphs.jsonl"), "a") as f:
                         f.write(json.dumps(row) + "\n")
                     lines.append(f"| {name} | {B}, {C}, {T} | {dn} | {layout} | {ms * 1e3:.1f} | {step * 1e3:.1f} "
                                  f"| {copy_ms * 1e3:.1f} | {ms / copy_ms:.2f} | {copy_ms / ms:.2f} "
-                                 f"| {1.5 * copy_ms / (step - ms):.2f} | {2.5 * copy_ms / step:.2f} |")
+                                 f"| {1.5 * copy_ms / bwd:.2f} | {2.5 * copy_ms / step:.2f} |")
                     print(lines[-1], flush=True)
     return "\n".join(lines)
 

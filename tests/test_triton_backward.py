@@ -231,7 +231,7 @@ def test_pooled_backward_chunks_channels_its_own_way(name):
 
 @pytest.mark.parametrize("name, layout", [pytest.param(n, lay, id=f"{n}-{lay}") for n, lay in [
     ("cln", "bct"), ("cln", "btc"), ("emaln", "btc")]])
-def test_pooled_tiles_hold_or_read_again_their_first_chunk(name, layout):
+def test_pooled_tiles_hold_or_read_again_their_first_chunk(name, layout, monkeypatch):
     """A pooled look-back tile either holds its first chunk of channels through the look-back or reads it
     again to write it (the launcher picks per shape, forward and backward apart). Both give the float64
     reference's y and gradients, and the same bits as each other: only where x comes from differs. C=11 in
@@ -246,12 +246,27 @@ def test_pooled_tiles_hold_or_read_again_their_first_chunk(name, layout):
     kw = dict(state=state, gy=gy, gs=gs, layout=layout, lengths=lengths)
     want = gradients(name, x, w, b, eps_for(name), oracle=True, **kw)
     fn = getattr(normlib.functional, name)
+    launched = []  # (kernel, HOLD) of each launch: the choice must reach the kernels
+
+    class Spy:
+        def __init__(self, kernel, which):
+            self.kernel, self.which = kernel, which
+
+        def __getitem__(self, grid):
+            def run(**kw):
+                launched.append((self.which, kw["HOLD"]))
+                return self.kernel[grid](**kw)
+            return run
+    monkeypatch.setattr(launch, "running_norm_fwd", Spy(launch.running_norm_fwd, "fwd"))
+    monkeypatch.setattr(launch, "running_norm_bwd", Spy(launch.running_norm_bwd, "bwd"))
     got = {}
     for hold in (True, False):
+        launched.clear()
         with tile_size(block_t=4, window=2, block_c=4, hold=hold, bwd_hold=not hold):
             y, _s = fn(dev(x), dev(w), dev(b), eps_for(name), backend="triton", layout=layout, lengths=dev(lengths),
                        state=None if state is None else state.to(DEVICE), return_state=True)
             got[hold] = dict(gradients(name, x, w, b, eps_for(name), **kw), y=y)
+        assert set(launched) == {("fwd", hold), ("bwd", not hold)}, launched
         check_gradients({k: v for k, v in got[hold].items() if k != "y"}, want, F32, f"hold={hold}")
     y_ref, _s = ref(name, x, w, b, eps_for(name), layout=layout, lengths=lengths, state=state, return_state=True)
     assert_rel(got[True]["y"], y_ref, TOL[F32], "y")

@@ -147,7 +147,7 @@ def choose_launch(B, C, T, per_channel, channels_last, mode, num_sms, nbytes, el
     bc_b = bc if per_channel else _OVERRIDE.get("bwd_block_c", bc_b)
     lean = not per_channel and mode in (CUMULATIVE, EMA) and not strip  # others have no look-back to wait on
     hold = _OVERRIDE.get("hold", not lean or hold_for(B, C, T, bt, channels_last, num_sms, elem_size))
-    # the backward never holds: freeing 26 to 118 registers (255 with a spill -> 229 in "b c t") measured
+    # a look-back backward never holds: freeing 26 to 118 registers (255 with a spill -> 223 in "b c t") measured
     # 0.44 -> 0.50 of a copy in "b t c" and 0.34 -> 0.38 in bf16, and no case slower beyond its spread
     return (bc, bt, warps, strip, bool(hold), bc_b, _OVERRIDE.get("bwd_warps", warps),
             bool(_OVERRIDE.get("bwd_hold", not lean)))
