@@ -80,14 +80,15 @@ class _Model(nn.Module):
         return self.gln(self.ema(h), lengths=lengths), state
 
 
-def test_compile_fullgraph_matches_eager():
+@pytest.mark.parametrize("strip", [0, 1])  # strip=0: tiles with a look-back, whose launch choice reads more of x
+def test_compile_fullgraph_matches_eager(strip):
     torch.manual_seed(1)
     model = _Model()
     x = torch.randn(2, 6, 23)
     lengths = torch.tensor([23, 9])
     state = normlib.NormState(torch.full((2,), 12.0, dtype=torch.float64), torch.randn(2, dtype=torch.float64),
                               torch.rand(2, dtype=torch.float64) * 12)
-    with tb.tile_size(block_t=8, window=2):
+    with tb.tile_size(block_t=8, window=2, strip=strip):
         y_eager, s_eager = model(x, lengths, state)
         y_eager.square().sum().backward()
         g_eager = [p.grad.clone() for p in model.parameters()]

@@ -121,7 +121,8 @@ def hold_for(B, C, T, block_t, channels_last, num_sms, elem_size) -> bool:
     Held 16-bit tiles carry half the bytes for the same latency, so they gain from occupancy up to a larger
     footprint than fp32 ones."""
     tiles = B * triton.cdiv(T, block_t)
-    in_flight = min(tiles, LEAN_BLOCKS[channels_last] * num_sms) * C * block_t * elem_size
+    # int(): torch 2.11's dynamo rejects a bool index
+    in_flight = min(tiles, LEAN_BLOCKS[int(channels_last)] * num_sms) * C * block_t * elem_size
     return in_flight > LEAN_BYTES[elem_size]
 
 
