@@ -598,6 +598,23 @@ def test_frame_rows_are_128_bytes_in_any_dtype():
         check_output(tri("frameln", dev(x)), dev(x), ref("frameln", x), F16, "frameln fp16")
 
 
+def test_pooled_channels_last_tiles_are_longer_on_short_sequences():
+    """Pooled "b t c" running and GLOBAL tiles span 128 frames up to 512, 64 up to 4096, then 32; FRAME's
+    stay at 32. Default tiles of 128 frames, several per sequence, give the reference and its gradient."""
+    frames = lambda T, mode=launch.CUMULATIVE: launch.choose_tiles(512, T, False, True, None, mode)[1]  # noqa: E731
+    assert [frames(T) for T in (301, 512, 513, 4096, 4097, 16000)] == [128, 128, 64, 64, 32, 32]
+    assert frames(500, launch.GLOBAL) == frames(500, launch.EMA) == 128 and frames(500, launch.FRAME) == 32
+    assert launch.choose_tiles(512, 500, False, False, None)[1] == 64  # "b c t" keeps its rows
+    x, gy = make_x(2, 5, 300, "b t c", offset=1.0), make_x(2, 5, 300, "b t c")
+    assert launch.tiles_for(dev(x).transpose(1, 2), False, 1.0)[1] == 128
+    for name in ("cln", "gln", "emaln"):
+        check_output(tri(name, dev(x), layout="b t c"), dev(x), ref(name, x, layout="b t c"), F32, name)
+        xg, xr = dev(x).requires_grad_(), x.double().requires_grad_()
+        (got,) = torch.autograd.grad(tri(name, xg, layout="b t c"), [xg], dev(gy))
+        (want,) = torch.autograd.grad(ref(name, xr, layout="b t c"), [xr], gy.double())
+        assert_rel(got, want, 1e-5, name + " dx")
+
+
 def test_pooled_lookback_forward_reads_its_first_chunk_again_when_its_tiles_fit_l2():
     """The forward's hold flag (index 4), from the bytes of the tiles in flight on 132 SMs; the backward never
     holds; tiles with no look-back to wait on always hold, so that they compile one kernel."""

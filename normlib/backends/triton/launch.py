@@ -66,7 +66,13 @@ def choose_tiles(C, T, per_channel, channels_last, device, mode=CUMULATIVE, elem
     0.48 -> 0.55). Per-channel GLOBAL tiles (instln) in "b c t" are 4 times larger: with no look-back to
     hide, a [4, 128] tile's per-program setup was most of its instructions (2.3 warp-instructions per
     element against 0.9 at [8, 256] forward, 2.2 against 1.1 backward, `compile_check.py --resources`;
-    "b t c" gains less, and its strip walk would spill)."""
+    "b t c" gains less, and its strip walk would spill). Pooled "b t c" running and GLOBAL tiles take
+    [128, 32] on long sequences (cln (16, 512, 16000): 0.59 of a copy forward, 0.64 backward; the only
+    length swept there) but longer ones on short sequences, whose tiles all run at once and wait on the
+    look-back chain, or walk it in fewer steps (device time of a CUDA graph on the H200, forward / training
+    step, times a copy's, 32 -> 64 -> 128 frames: cln fp32 (80, 64, 301)
+    3.46 / 12.8 -> 2.94 / 10.5 -> 2.66 / 9.5, (64, 128, 500) bf16 3.97 / 15.4 -> 3.66 / 15.2 -> 3.18 /
+    12.8; (4, 512, 4000) 2.50 / 8.0 -> 2.09 / 6.9 -> 2.27 / 7.1)."""
     c2, t2 = triton.next_power_of_2(max(C, 1)), triton.next_power_of_2(max(T, 1))
     if per_channel:
         if channels_last:
@@ -74,8 +80,9 @@ def choose_tiles(C, T, per_channel, channels_last, device, mode=CUMULATIVE, elem
         else:
             grow = 2 if mode == GLOBAL else 1
             block_c, block_t = min(4 * grow, c2), min(t2, 128 * grow)
-    elif channels_last:
-        block_c, block_t = min(c2, 128), min(t2, 32)
+    elif channels_last:  # short sequences: longer tiles, a shorter chain to wait on
+        frames = 32 if mode == FRAME or T > 4096 else 64 if T > 512 else 128
+        block_c, block_t = min(c2, 128), min(t2, frames)
     elif mode == FRAME:
         block_c, block_t = min(c2, 128), min(t2, 128 // elem_size)
     else:
