@@ -29,13 +29,14 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from normlib.backends.triton import launch
-from normlib.backends.triton.kernels import running_norm_bwd, running_norm_fwd
+from normlib.backends.triton.kernels import running_norm_bwd, running_norm_fwd, sum_partials
 
 SHAPES = [(16, 512, 16000), (2, 256, 64000), (1, 128, 256000), (4, 512, 4000), (80, 64, 301), (64, 128, 500),
           (3, 50, 1001), (2, 64, 1)]
 PTR = {"x_ptr": "X", "y_ptr": "X", "gy_ptr": "X", "gx_ptr": "X", "w_ptr": "*fp32", "b_ptr": "*fp32",
        "len_ptr": "*i64", "sin_ptr": "*fp64", "sout_ptr": "*fp64", "gsout_ptr": "*fp64", "gsin_ptr": "*fp64",
-       "pre_ptr": "*fp32", "gwp_ptr": "*fp32", "gbp_ptr": "*fp32", "ws_ptr": "WS", "ctr_ptr": "*i64"}
+       "pre_ptr": "*fp32", "gwp_ptr": "*fp32", "gbp_ptr": "*fp32", "ws_ptr": "WS", "ctr_ptr": "*i64",
+       "p_ptr": "*fp32", "gw_ptr": "*fp32", "gb_ptr": "*fp32"}
 
 
 def configs():
@@ -67,6 +68,7 @@ def configs():
             if key not in seen:
                 seen.add(key)
                 yield kernel, const, ints, dt, warps, phase == 1
+    yield sum_partials, dict(BLOCK_R=512, BLOCK_C=8), dict(R=4000, C=512, B=0, T=0, sxc=0), "fp32", 4, False
 
 
 def compile_one(args):
@@ -78,7 +80,7 @@ def compile_one(args):
             sig[n] = "constexpr"
         elif n in PTR:
             t = PTR[n]
-            sig[n] = {"X": f"*{dt}", "WS": "*fp32" if phase1 or const["PHASE"] == 2 else "*i64"}.get(t, t)
+            sig[n] = {"X": f"*{dt}", "WS": "*fp32" if phase1 or const.get("PHASE") == 2 else "*i64"}.get(t, t)
             attrs[(i,)] = [["tt.divisibility", 16]]
         elif n in ("log2d", "eps"):
             sig[n] = "fp32"
@@ -149,7 +151,8 @@ def _child(args, q, report):
     try:
         k = compile_one(args)
         kernel, const, ints, dt, warps, _ = args
-        q.put(("ok", resources(k, const, ints, warps) if report else ""))
+        per_tile = (const, ints, warps) if "STRIP" in const else ()  # the template's kernels: a cost per element
+        q.put(("ok", resources(k, *per_tile) if report else ""))
     except Exception as e:  # noqa: BLE001
         q.put(("error", str(e).splitlines()[-1][:200]))
 
@@ -190,14 +193,14 @@ def main():
             if res[0] == "ok" and a.resources:
                 kernel, const, ints, dt, warps, _ = args
                 print(kernel.fn.__name__, dt, "btc" if ints["sxc"] == 1 else "bct", f"warps={warps}",
-                      {k: const[k] for k in ("POOL_ALL", "MODE", "PHASE", "BLOCK_C", "BLOCK_T", "STRIP", "HOLD",
-                                             "HAS_W")},
+                      {k: const.get(k) for k in ("POOL_ALL", "MODE", "PHASE", "BLOCK_C", "BLOCK_T", "STRIP",
+                                                 "HOLD", "HAS_W")},
                       res[1], flush=True)
             if res[0] != "ok":
                 bad += 1
                 kernel, const, ints, dt, warps, _ = args
-                print("FAIL", kernel.fn.__name__, res, dt, warps, {k: const[k] for k in ("POOL_ALL", "MODE", "PHASE", "BLOCK_C",
-                                                                       "BLOCK_T", "HAS_SIN")},
+                print("FAIL", kernel.fn.__name__, res, dt, warps, {k: const.get(k) for k in ("POOL_ALL", "MODE", "PHASE",
+                                                                           "BLOCK_C", "BLOCK_T", "HAS_SIN")},
                       "channels-last" if ints["sxc"] == 1 else "b c t", flush=True)
     print(f"{bad} of {len(todo)} failed")
     return 1 if bad else 0

@@ -439,6 +439,19 @@ def test_deterministic_mode_is_bitwise_repeatable(name, deterministic, monkeypat
     assert torch.are_deterministic_algorithms_enabled()
 
 
+def test_weight_partials_are_summed_in_a_fixed_order():
+    """dweight and dbias come from (2, rows, C) per-tile partials: rows beyond one block of 512 and a last,
+    partial block of channels are all summed; the same partials give the same bits."""
+    gen = torch.Generator().manual_seed(3)
+    R, C = 1100, 37
+    parts = dev(torch.randn(2, R, C, generator=gen))
+    (gw, gb), again = launch.weight_grads(parts), launch.weight_grads(parts)
+    want = parts.double().sum(dim=1)
+    assert_rel(gw, want[0], 1e-6, "dweight")
+    assert_rel(gb, want[1], 1e-6, "dbias")
+    assert torch.equal(gw, again[0]) and torch.equal(gb, again[1])
+
+
 def test_deterministic_flag_is_restored():
     """The fixture above restores the flag (this test runs after it in file order)."""
     assert not torch.are_deterministic_algorithms_enabled()

@@ -903,3 +903,25 @@ def running_norm_bwd(
                 tl.store(gsin_ptr + s_off, (d1 * z0).to(tl.float64), mask=s_ok)
                 tl.store(gsin_ptr + NS + s_off, (w_in * d1 * (u0 + pm0 * v0)).to(tl.float64), mask=s_ok)
                 tl.store(gsin_ptr + 2 * NS + s_off, (0.5 * d1 * v0).to(tl.float64), mask=s_ok)
+
+
+@triton.jit
+def sum_partials(p_ptr, gw_ptr, gb_ptr, R, C, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """dweight (axis 1 == 0) and dbias (== 1) from the backward's per-tile float32 partials, (2, R, C):
+    each program sums one block of channels over all R rows in a fixed order, so the same partials give the
+    same bits. torch's column sums took 17 µs each for 512 x 128 on the H200 (two of a 138 µs training
+    step), and a launch each."""
+    j, k = tl.program_id(0), tl.program_id(1)
+    offs_c = j * BLOCK_C + tl.arange(0, BLOCK_C)
+    m_c = offs_c < C
+    base = p_ptr + k.to(tl.int64) * R * C
+    acc = tl.zeros([BLOCK_R, BLOCK_C], tl.float32)
+    for r0 in range(0, R, BLOCK_R):
+        rows = r0 + tl.arange(0, BLOCK_R)
+        acc += tl.load(base + rows.to(tl.int64)[:, None] * C + offs_c[None, :],
+                       mask=(rows < R)[:, None] & m_c[None, :], other=0.0)
+    total = tl.sum(acc, axis=0)
+    if k == 0:
+        tl.store(gw_ptr + offs_c, total, mask=m_c)
+    else:
+        tl.store(gb_ptr + offs_c, total, mask=m_c)
