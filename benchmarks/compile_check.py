@@ -58,7 +58,8 @@ def configs():
             common = dict(POOL_ALL=not pc, MODE=mode, PHASE=phase, HAS_W=full, HAS_LEN=full,
                           HAS_SIN=full and causal and mode != 0, EPS_OUTSIDE=full, BLOCK_C=bc, BLOCK_T=bt,
                           SPAN=1 if strip else 2, WINDOW=launch.window_for(pc, B * ints["NCB"], 132),
-                          DETERMINISTIC=full, AGG_ONLY=False, STRIP=strip, HOLD=hold)
+                          DETERMINISTIC=full, AGG_ONLY=False, STRIP=strip, HOLD=hold,
+                          **launch.vec_for((B, C, T), [(st["b"], st["c"], st["t"])]))
             if kernel is running_norm_fwd:
                 const = dict(common, HAS_B=full, STORE_SOUT=full and causal, STORE_PREFIX=full)
             else:
@@ -73,9 +74,12 @@ def configs():
 
 def compile_one(args):
     kernel, const, ints, dt, warps, phase1 = args
-    names = list(inspect.signature(kernel.fn).parameters)
+    params = inspect.signature(kernel.fn).parameters
+    names = list(params)
     sig, c, attrs = {}, dict(const), {}
     for i, n in enumerate(names):
+        if n not in c and params[n].default is not inspect.Parameter.empty:
+            c[n] = params[n].default  # a constexpr the launcher left at its default
         if n in c:
             sig[n] = "constexpr"
         elif n in PTR:
@@ -194,7 +198,7 @@ def main():
                 kernel, const, ints, dt, warps, _ = args
                 print(kernel.fn.__name__, dt, "btc" if ints["sxc"] == 1 else "bct", f"warps={warps}",
                       {k: const.get(k) for k in ("POOL_ALL", "MODE", "PHASE", "BLOCK_C", "BLOCK_T", "STRIP",
-                                                 "HOLD", "HAS_W")},
+                                                 "HOLD", "HAS_W", "VEC_T", "VEC_C") if k in const},
                       res[1], flush=True)
             if res[0] != "ok":
                 bad += 1

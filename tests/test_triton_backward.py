@@ -417,6 +417,45 @@ class _Spy:
         return call
 
 
+def test_rows_load_as_vectors_where_lengths_and_strides_allow():
+    """VEC_T (VEC_C): the largest of 8, 4, 2 dividing the rows' dim and every other stride of each tensor, and
+    only where Triton cannot see a multiple of 16 itself. Both kernels get it, and with it lengths such as 22
+    and 24, a sliced input and "b t c" rows of 12 channels give the reference's output and gradients."""
+    vf = launch.vec_for
+    assert vf((64, 128, 500), [(64000, 500, 1)] * 2) == {"VEC_T": 4}
+    assert vf((2, 3, 22), [(66, 22, 1)]) == {"VEC_T": 2}
+    assert vf((2, 3, 24), [(72, 24, 1)]) == {"VEC_T": 8}
+    assert vf((64, 128, 512), [(65536, 512, 1)]) == vf((80, 64, 301), [(19264, 301, 1)]) == {}
+    assert vf((2, 12, 30), [(360, 1, 12)]) == {"VEC_C": 4}
+    assert vf((2, 128, 500), [(64000, 500, 1), (64000, 1, 128)]) == {}  # rows along different dims
+    assert vf((2, 3, 20), [(90, 30, 1), (60, 20, 1)]) == {"VEC_T": 2}  # x: frames 0..19 of 30
+    cases = [("b c t", (2, 3, 22), slice(None), {"VEC_T": 2}), ("b c t", (2, 3, 24), slice(None), {"VEC_T": 8}),
+             ("b c t", (2, 3, 30), slice(0, 20), {"VEC_T": 2}), ("b t c", (2, 12, 30), slice(None), {"VEC_C": 4})]
+    for name, (layout, shape, frames, vec) in itertools.product(("cln", "ccln", "frameln", "gln"), cases):
+        base, gy = make_x(*shape, layout), make_x(*shape, layout)
+        view = (lambda t: t[..., frames]) if layout == "b c t" else (lambda t: t[:, frames])  # noqa: E731
+        w, b = make_affine(shape[1], F32)
+        spies = {k: _Spy(getattr(launch, k)) for k in ("running_norm_fwd", "running_norm_bwd")}
+        grads = {}
+        for oracle in (False, True):
+            to = (lambda t: t.double()) if oracle else dev  # noqa: E731
+            xg, wg, bg = (to(t).detach().requires_grad_() for t in (base, w, b))
+            with pytest.MonkeyPatch.context() as mp, tile_size(block_t=8):
+                for k, spy in spies.items():
+                    mp.setattr(launch, k, spy)
+                if oracle:
+                    y = ref(name, view(xg), wg, bg, eps_for(name), layout=layout)
+                else:
+                    y = getattr(normlib.functional, name)(view(xg), wg, bg, eps_for(name), backend="triton",
+                                                          layout=layout)
+                grads[oracle] = (y,) + torch.autograd.grad((y * to(view(gy))).sum(), [xg, wg, bg])
+        what = f"{name} {layout} {shape} {frames}"
+        assert all(spy.calls for spy in spies.values()), what
+        assert all({k: c.get(k, 1) for k in vec} == vec for spy in spies.values() for c in spy.calls), what
+        for got, want, tol in zip(grads[False], grads[True], (TOL[F32],) + (GRAD_TOL[F32],) * 3):
+            assert_rel(got, want, tol, what)
+
+
 @pytest.mark.parametrize("name", ["cln", "ccemaln", "gln"])
 def test_deterministic_mode_is_bitwise_repeatable(name, deterministic, monkeypatch):
     """Under torch.use_deterministic_algorithms(True): the backward launches in deterministic mode, and two
