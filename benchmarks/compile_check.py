@@ -59,7 +59,7 @@ def configs():
                           HAS_SIN=full and causal and mode != 0, EPS_OUTSIDE=full, BLOCK_C=bc, BLOCK_T=bt,
                           SPAN=1 if strip else 2, WINDOW=launch.window_for(pc, B * ints["NCB"], 132),
                           DETERMINISTIC=full, AGG_ONLY=False, STRIP=strip, HOLD=hold,
-                          **launch.vec_for((B, C, T), [(st["b"], st["c"], st["t"])]))
+                          **launch.vec_for((B, C, T), ((st["b"], st["c"], st["t"]),)))
             if kernel is running_norm_fwd:
                 const = dict(common, HAS_B=full, STORE_SOUT=full and causal, STORE_PREFIX=full)
             else:

@@ -421,7 +421,7 @@ def test_rows_load_as_vectors_where_lengths_and_strides_allow():
     """VEC_T (VEC_C): the largest of 8, 4, 2 dividing the rows' dim and every other stride of each tensor, and
     only where Triton cannot see a multiple of 16 itself. Both kernels get it, and with it lengths such as 22
     and 24, a sliced input and "b t c" rows of 12 channels give the reference's output and gradients."""
-    vf = launch.vec_for
+    vf = lambda shape, strides: launch.vec_for(shape, tuple(strides))  # noqa: E731
     assert vf((64, 128, 500), [(64000, 500, 1)] * 2) == {"VEC_T": 4}
     assert vf((2, 3, 22), [(66, 22, 1)]) == {"VEC_T": 2}
     assert vf((2, 3, 24), [(72, 24, 1)]) == {"VEC_T": 8}

@@ -271,6 +271,7 @@ def _launch(kernel, p: Plan, tiles, x, B, per_channel, **kw):
                                     **flags)
 
 
+@functools.lru_cache(maxsize=4096)  # on every launch: a small call's host path is longer than its kernel
 def vec_for(shape, strides) -> dict:
     """VEC_T and VEC_C for tensors of this (B, C, T) shape and these strides (x's, y's, ...): where all of
     them run along T (C), the largest of 8, 4, 2 dividing T (C) and every stride of the other dims, so
@@ -314,7 +315,7 @@ def forward(x, weight, bias, lengths, sin, *, per_channel, decay, eps, eps_outsi
                 syc=y.stride(1), syt=y.stride(2), eps=eps, HAS_W=weight is not None, HAS_B=bias is not None,
                 HAS_LEN=lengths is not None, HAS_SIN=sin is not None, STORE_SOUT=sout is not None,
                 STORE_PREFIX=pre is not None, EPS_OUTSIDE=eps_outside,
-                **vec_for(x.shape, [x.stride(), y.stride()]))
+                **vec_for(x.shape, (x.stride(), y.stride())))
     else:
         y.zero_()
     return y, sout, pre
@@ -347,7 +348,7 @@ def backward(gy, gsout, x, weight, lengths, sin, pre, *, per_channel, decay, eps
                 sgt=gy.stride(2), sdb=gx.stride(0), sdc=gx.stride(1), sdt=gx.stride(2), eps=eps,
                 HAS_W=weight is not None, HAS_LEN=lengths is not None, HAS_SIN=sin is not None,
                 HAS_GSOUT=gsout is not None, STORE_GW=gwp is not None, EPS_OUTSIDE=eps_outside,
-                **vec_for(x.shape, [x.stride(), gy.stride(), gx.stride()]))
+                **vec_for(x.shape, (x.stride(), gy.stride(), gx.stride())))
     else:
         gx.zero_()
         if gwp is not None:
