@@ -346,6 +346,14 @@ def bench(jobs, stage, out):
     return rows
 
 
+def step_inputs(B, C, T, dtype, layout):
+    """x, a copy of it that requires grad, weight and bias (requiring grad) and dy: a training step's inputs."""
+    x, gy = make(B, C, T, dtype, layout, seed=1), make(B, C, T, dtype, layout, seed=2)
+    w = torch.ones(C, device="cuda", requires_grad=True)
+    b = torch.zeros(C, device="cuda", requires_grad=True)
+    return x, x.detach().requires_grad_(), w, b, gy
+
+
 def _graph_t(fn, calls=10):
     """Device time of one call: ``calls`` calls captured in one CUDA graph, replayed (no host launch cost)."""
     s = torch.cuda.Stream()
@@ -375,11 +383,7 @@ def graph_times(shapes, norms, out):
     for (B, C, T) in shapes:
         for dn in ("fp32", "bf16"):
             for layout in ("b c t", "b t c"):
-                x = make(B, C, T, DTYPES[dn], layout, seed=1)
-                gy = make(B, C, T, DTYPES[dn], layout, seed=2)
-                w = torch.ones(C, device="cuda", requires_grad=True)
-                b = torch.zeros(C, device="cuda", requires_grad=True)
-                xg = x.detach().requires_grad_()
+                x, xg, w, b, gy = step_inputs(B, C, T, DTYPES[dn], layout)
                 copy_ms = _graph_t(lambda: x.clone())
                 for name in norms:
                     spec = spec_of(name)

@@ -2,17 +2,14 @@
 import sys
 import torch
 sys.path.insert(0, "benchmarks")
-from gpu_report import _graph_t, make, DTYPES, spec_of, norm
+from gpu_report import _graph_t, step_inputs, DTYPES, spec_of, norm
 from normlib.backends.triton import launch
 
 for (B, C, T) in ((80, 64, 301), (64, 128, 500), (4, 512, 4000)):
     for dt in ("fp32", "bf16"):
         for layout in ("b c t", "b t c"):
-            x = make(B, C, T, DTYPES[dt], layout, seed=1).requires_grad_(True)
-            w = torch.ones(C, device="cuda", requires_grad=True)
-            b = torch.zeros(C, device="cuda", requires_grad=True)
-            gy = torch.randn_like(x)
-            copy = _graph_t(lambda: x.detach().clone())
+            x0, x, w, b, gy = step_inputs(B, C, T, DTYPES[dt], layout)
+            copy = _graph_t(lambda: x0.clone())
             for name in ("cln", "gln"):
                 spec = spec_of(name)
                 res = []
@@ -24,6 +21,6 @@ for (B, C, T) in ((80, 64, 301), (64, 128, 500), (4, 512, 4000)):
                             s = _graph_t(lambda: torch.autograd.grad(
                                 norm(spec, x, w, b, layout=layout, backend="triton"), (x, w, b), gy))
                         res.append(f"bt{bt} {f/copy:.2f}/{s/copy:.1f}")
-                    except Exception as e:  # noqa: BLE001
+                    except Exception:  # noqa: BLE001
                         res.append(f"bt{bt} err")
                 print(f"{name} {B},{C},{T} {dt} {layout} copy {copy*1e3:.1f}us fwd/step÷copy:", " | ".join(res), flush=True)

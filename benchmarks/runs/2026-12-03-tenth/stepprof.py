@@ -2,17 +2,14 @@
 import sys
 import torch
 sys.path.insert(0, "benchmarks")
-from gpu_report import _graph_t, make, DTYPES, spec_of, norm
+from gpu_report import _graph_t, step_inputs, DTYPES, spec_of, norm
 from normlib.backends.triton import launch
 from torch.profiler import profile, ProfilerActivity
 
 for (B, C, T) in ((64, 128, 500),):
     for layout in ("b c t", "b t c"):
-        x = make(B, C, T, DTYPES["fp32"], layout, seed=1).requires_grad_(True)
-        w = torch.ones(C, device="cuda", requires_grad=True)
-        b = torch.zeros(C, device="cuda", requires_grad=True)
-        gy = torch.randn_like(x)
-        copy = _graph_t(lambda: x.detach().clone())
+        x0, x, w, b, gy = step_inputs(B, C, T, DTYPES["fp32"], layout)
+        copy = _graph_t(lambda: x0.clone())
         for name in ("cln", "gln"):
             spec = spec_of(name)
             step = lambda: torch.autograd.grad(norm(spec, x, w, b, layout=layout, backend="triton"), (x, w, b), gy)
