@@ -420,7 +420,8 @@ class _Spy:
 def test_rows_load_as_vectors_where_lengths_and_strides_allow():
     """VEC_T (VEC_C): the largest of 8, 4, 2 dividing the rows' dim and every other stride of each tensor, and
     only where Triton cannot see a multiple of 16 itself. Both kernels get it, and with it lengths such as 22
-    and 24, a sliced input and "b t c" rows of 12 channels give the reference's output and gradients."""
+    and 24, a sliced input and "b t c" rows of 12 channels give the reference's output and gradients, in
+    look-back tiles and in strip walks."""
     vf = lambda shape, strides: launch.vec_for(shape, tuple(strides))  # noqa: E731
     assert vf((64, 128, 500), [(64000, 500, 1)] * 2) == {"VEC_T": 4}
     assert vf((2, 3, 22), [(66, 22, 1)]) == {"VEC_T": 2}
@@ -431,7 +432,8 @@ def test_rows_load_as_vectors_where_lengths_and_strides_allow():
     assert vf((2, 3, 20), [(90, 30, 1), (60, 20, 1)]) == {"VEC_T": 2}  # x: frames 0..19 of 30
     cases = [("b c t", (2, 3, 22), slice(None), {"VEC_T": 2}), ("b c t", (2, 3, 24), slice(None), {"VEC_T": 8}),
              ("b c t", (2, 3, 30), slice(0, 20), {"VEC_T": 2}), ("b t c", (2, 12, 30), slice(None), {"VEC_C": 4})]
-    for name, (layout, shape, frames, vec) in itertools.product(("cln", "ccln", "frameln", "gln"), cases):
+    for name, (layout, shape, frames, vec), strip in itertools.product(("cln", "ccln", "frameln", "gln"), cases,
+                                                                      (0, 1)):
         base, gy = make_x(*shape, layout), make_x(*shape, layout)
         view = (lambda t: t[..., frames]) if layout == "b c t" else (lambda t: t[:, frames])  # noqa: E731
         w, b = make_affine(shape[1], F32)
@@ -440,7 +442,7 @@ def test_rows_load_as_vectors_where_lengths_and_strides_allow():
         for oracle in (False, True):
             to = (lambda t: t.double()) if oracle else dev  # noqa: E731
             xg, wg, bg = (to(t).detach().requires_grad_() for t in (base, w, b))
-            with pytest.MonkeyPatch.context() as mp, tile_size(block_t=8):
+            with pytest.MonkeyPatch.context() as mp, tile_size(block_t=8, strip=strip):
                 for k, spy in spies.items():
                     mp.setattr(launch, k, spy)
                 if oracle:
@@ -449,7 +451,7 @@ def test_rows_load_as_vectors_where_lengths_and_strides_allow():
                     y = getattr(normlib.functional, name)(view(xg), wg, bg, eps_for(name), backend="triton",
                                                           layout=layout)
                 grads[oracle] = (y,) + torch.autograd.grad((y * to(view(gy))).sum(), [xg, wg, bg])
-        what = f"{name} {layout} {shape} {frames}"
+        what = f"{name} {layout} {shape} {frames} strip={strip}"
         assert all(spy.calls for spy in spies.values()), what
         assert all({k: c.get(k, 1) for k in vec} == vec for spy in spies.values() for c in spy.calls), what
         for got, want, tol in zip(grads[False], grads[True], (TOL[F32],) + (GRAD_TOL[F32],) * 3):
