@@ -199,13 +199,14 @@ def op_checks():
     torch.use_deterministic_algorithms(False)
 
 
-def gradient_checks(quick):
+def gradient_checks(quick, shapes=None, dtypes=("fp32", "bf16")):
     """Gradients against the float64 reference, and determinism (two runs, identical bits)."""
     print("== gradients against autograd of the float64 reference; determinism", flush=True)
     torch.use_deterministic_algorithms(True)  # the look-back then combines in a fixed grouping
-    shapes = [(3, 50, 1001), (2, 50, 1000), (4, 512, 4000)] if not quick else [(3, 50, 1001)]
+    if shapes is None:
+        shapes = [(3, 50, 1001), (2, 50, 1000), (4, 512, 4000)] if not quick else [(3, 50, 1001)]
     for (B, C, T) in shapes:
-        for dn in ("fp32", "bf16"):
+        for dn in dtypes:
             dt = DTYPES[dn]
             for layout in ("b c t", "b t c"):
                 x = make(B, C, T, dt, layout, offset=1.0, seed=5)
@@ -477,6 +478,8 @@ def main():
                         "replayed from CUDA graphs; the small shapes unless --shapes)")
     p.add_argument("--shapes", help="timing shapes as BxCxT,... (default: the issue's six)")
     p.add_argument("--norms", help="timing norms, comma-separated (default: all)")
+    p.add_argument("--grad-shapes", help="gradient-check shapes as BxCxT,... (default: three)")
+    p.add_argument("--grad-dtypes", default="fp32,bf16", help="gradient-check dtypes")
     p.add_argument("--warm", type=int, default=12, help="processes that compile every row before timing")
     p.add_argument("--table", help="rows-eager.jsonl[,rows-compile.jsonl]: print the markdown table of "
                                    "earlier runs (no GPU needed) and exit")
@@ -495,12 +498,14 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     if "checks" in stages or "fwdchecks" in stages:
         forward_checks(a.quick)
-    if "checks" in stages or "gradchecks" in stages or "opchecks" in stages:
+    if "checks" in stages or "opchecks" in stages or ("gradchecks" in stages and not a.grad_shapes):
         op_checks()
+    def parse(spec):
+        return [tuple(int(v) for v in s.split("x")) for s in spec.split(",")] if spec else None
     if "checks" in stages or "gradchecks" in stages:
-        gradient_checks(a.quick)
+        gradient_checks(a.quick, parse(a.grad_shapes), a.grad_dtypes.split(","))
     result = dict(head=head, fails=FAILS)
-    shapes = [tuple(int(v) for v in s.split("x")) for s in a.shapes.split(",")] if a.shapes else None
+    shapes = parse(a.shapes)
     norms = a.norms.split(",") if a.norms else None
     jobs = {st: cases(a.quick, st, shapes, norms) for st in ("eager", "compile") if st in stages}
     if a.warm and jobs:
