@@ -58,17 +58,22 @@ def configs():
             common = dict(POOL_ALL=not pc, MODE=mode, PHASE=phase, HAS_W=full, HAS_LEN=full,
                           HAS_SIN=full and causal and mode != 0, EPS_OUTSIDE=full, BLOCK_C=bc, BLOCK_T=bt,
                           SPAN=1 if strip else 2, WINDOW=launch.window_for(pc, B * ints["NCB"], 132),
-                          DETERMINISTIC=full, AGG_ONLY=False, STRIP=strip, HOLD=hold,
+                          DETERMINISTIC=full, AGG_ONLY=False, STRIP=bool(strip), HOLD=hold,
                           **launch.vec_for((B, C, T), ((st["b"], st["c"], st["t"]),)))
             if kernel is running_norm_fwd:
                 const = dict(common, HAS_B=full, STORE_SOUT=full and causal, STORE_PREFIX=full)
             else:
                 const = dict(common, HAS_GSOUT=full and causal, STORE_GW=full)
-            key = (kernel.fn.__name__, tuple(sorted(const.items())), dt, warps,
-                   tuple((k, v == 1, v % 16 == 0) for k, v in sorted(ints.items())))
-            if key not in seen:
-                seen.add(key)
-                yield kernel, const, ints, dt, warps, phase == 1
+            variants = [(const, phase, warps)]
+            if mode in (1, 2) and not full:  # SEG: segment sums, then walks (pooled: on 8 warps, as strips)
+                variants += [(dict(const, STRIP=True, SEG=True, SPAN=1, HOLD=True), ph, warps if pc else 8)
+                             for ph in (1, 2)]
+            for const, ph, nw in variants:
+                key = (kernel.fn.__name__, tuple(sorted(const.items())), dt, nw, ph,
+                       tuple((k, v == 1, v % 16 == 0) for k, v in sorted(ints.items())))
+                if key not in seen:
+                    seen.add(key)
+                    yield kernel, dict(const, PHASE=ph), ints, dt, nw, ph == 1
     for R, C in ((4000, 512), (37, 50)):  # the weight partials' sum: sizes that are multiples of 16, and not
         yield sum_partials, dict(BLOCK_R=512, BLOCK_C=8), dict(R=R, C=C, B=0, T=0, sxc=0), "fp32", 4, False
 

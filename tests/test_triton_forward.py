@@ -108,7 +108,7 @@ def _grid():
         if SPECS[name].per_channel:
             factors.update(cblocks=["1cb", "2cb"])
         if name in RUNNING + GLOBAL:  # GLOBAL: two launches, or one program per sequence reading it twice
-            factors.update(tiles=["look", "strip"])
+            factors.update(tiles=["look", "strip"] + (["seg"] if name in RUNNING else []))
         for row in pairwise(factors):
             row = dict(dict(state_in="nostate", state_out="noret", cblocks="1cb", tiles="look"), **row)
             parts = [name, row["layout"], row["affine"], row["lengths"]]
@@ -138,7 +138,9 @@ def test_flag_grid(name, row):
     if SPECS[name].causal:
         kw.update(state=state, return_state=sout)
 
-    with tile_size(block_t=8, window=2, block_c=4 if row["cblocks"] == "2cb" else 8, strip=row["tiles"] == "strip"):
+    strip = dict(look=0, strip=1, seg=2)[row["tiles"]]  # seg: two segments of two tiles
+    with tile_size(block_t=8, window=2, block_c=4 if row["cblocks"] == "2cb" else 8, strip=strip,
+                   span=2 if strip == 2 else None):
         out = tri(name, dev(x), dev(w), dev(b), GRID_EPS, **dict(kw, lengths=dev(lengths), state=dev_state(state)))
     expected = ref(name, x, w, b, GRID_EPS, **kw)
     y, s = out if sout else (out, None)
@@ -171,6 +173,11 @@ def _tile_cases():
             pytest.param(name, (1, 5, 50), dict(block_t=4, window=4, walk=True), "btc",
                          id=f"{name}-bt4-win4-walk-btc"),
             pytest.param(name, (3, 5, 37), dict(block_t=4, block_c=2, strip=True), "bct", id=f"{name}-bt4-strip"),
+            # segments of 3 tiles, the last of one; their sums read in windows of 2
+            pytest.param(name, (2, 5, 37), dict(block_t=4, block_c=2, strip=2, span=3, window=2), "btc",
+                         id=f"{name}-bt4-seg3-btc"),
+            pytest.param(name, (1, 33, 50), dict(block_t=8, strip=2, span=1, window=2), "bct",
+                         id=f"{name}-C33-bt8-seg1"),
         ]
         if not pc:
             p.append(pytest.param(name, (2, 33, 50), dict(block_t=16, window=2), "bct", id=f"{name}-C33-T50-bt16"))
@@ -239,6 +246,42 @@ def test_block_c_splits_per_channel_norms():
         with tile_size(block_t=8, block_c=2, window=2):
             tri("ccln", x)
     assert seen == dict(grid=(2 * 3 * 5,), BLOCK_C=2, NCB=3, NT=5)
+
+
+@pytest.mark.parametrize("name", ["cln", "ccemaln"])
+def test_segmented_walks_sum_then_walk_each_segment(name):
+    """strip=2 (SEG): forward and backward each launch segment sums, then walks, each of B * NCB * NSPAN
+    programs. Both against the float64 reference: a walk that started from the wrong carry (say, its own
+    segment's sum) would fail."""
+    launches = []
+
+    class Spy:
+        def __init__(self, real):
+            self.real = real
+
+        def __getitem__(self, grid):
+            def call(*a, **k):
+                launches.append((grid, k["PHASE"], k.get("SEG", False), k["NSPAN"]))
+                return self.real[grid](*a, **k)
+            return call
+
+    B, C, T = 2, 5, 37  # 10 tiles of 4 frames: segments of 3, 3, 3 and 1
+    x = make_x(B, C, T, offset=2.0)
+    w, b = make_affine(C, F32)
+    ncb = 3 if SPECS[name].per_channel else 1
+    xg = dev(x).clone().requires_grad_()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(launch, "running_norm_fwd", Spy(launch.running_norm_fwd))
+        mp.setattr(launch, "running_norm_bwd", Spy(launch.running_norm_bwd))
+        with tile_size(block_t=4, block_c=2, strip=2, span=3, window=2):
+            y = tri(name, xg, dev(w), dev(b))
+            (gx,) = torch.autograd.grad((y * dev(x).cos()).sum(), xg)
+    assert launches == [((B * ncb * 4,), 1, True, 4), ((B * ncb * 4,), 2, True, 4)] * 2
+    xr = x.double().requires_grad_()
+    y_ref = ref(name, xr, w, b)
+    check_output(y, dev(x), y_ref.detach(), F32, "y")
+    (gx_ref,) = torch.autograd.grad((y_ref * x.double().cos()).sum(), xr)
+    assert_rel(gx, gx_ref, 1e-4, "dx")
 
 
 # ---------------------------------------------------------------------------------------------------

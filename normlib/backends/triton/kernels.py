@@ -26,7 +26,9 @@ epoch comes from the ticket counter itself (epoch << 32 | ticket), which the las
 Statistics are float32 Chan merges of x - K, K a per-sequence (per-channel) shift: frame 0's mean (or
 value); an incoming float64 state is shifted by K in float64. FRAME shifts each frame by its own channel 0
 instead, so a frame far from frame 0 loses no digits of its small spread. GLOBAL runs the same tile code in two launches (PHASE 1: per-span summaries;
-PHASE 2: reduce them and finish). The backward's math is derived in docs/math.md.
+PHASE 2: reduce them and finish). STRIP walks a whole sequence in one program and carries the prefix; SEG
+walks it in NSPAN segments, one program each, after a PHASE 1 launch has summed every segment, so no
+program waits on another. The backward's math is derived in docs/math.md.
 """
 import triton
 import triton.language as tl
@@ -236,24 +238,46 @@ def _prefix(ws_ptr, rec0, k, tag, ca, cb, cc, aa, ab, ac, d_tile, offs_s, SC: tl
 
 
 @triton.jit
-def _span_reduce(ws_ptr, rec0, NSPAN, offs_s, SC: tl.constexpr, WINDOW: tl.constexpr,
+def _span_reduce(ws_ptr, rec0, n, d_rec, offs_s, SC: tl.constexpr, WINDOW: tl.constexpr,
                  LINEAR: tl.constexpr):
-    """Combine the NSPAN span summaries of one sequence (GLOBAL: no decay), [SC] each."""
+    """Combine the first n span summaries of one sequence in order, [SC] each; each span decays what came
+    before it by d_rec (GLOBAL: 1; a segmented walk's forward: d^(frames of a span))."""
     ra = tl.zeros([SC], dtype=tl.float32)
     rb = tl.zeros([SC], dtype=tl.float32)
     rc = tl.zeros([SC], dtype=tl.float32)
-    for j0 in range(0, NSPAN, WINDOW):
+    rd = tl.full([SC], 1.0, dtype=tl.float32)
+    for j0 in range(0, n, WINDOW):
         offs_j = j0 + tl.arange(0, WINDOW)
         pj = ws_ptr + rec0 + offs_j.to(tl.int64)[:, None] * (3 * SC) + offs_s[None, :]
-        mj = (offs_j < NSPAN)[:, None] & (offs_s[None, :] >= 0)
+        mj = (offs_j < n)[:, None] & (offs_s[None, :] >= 0)
         ja = tl.load(pj + 0 * SC, mask=mj, other=0.0)
         jb = tl.load(pj + 1 * SC, mask=mj, other=0.0)
         jc = tl.load(pj + 2 * SC, mask=mj, other=0.0)
-        ja, jb, jc, jd = _scan(ja, jb, jc, tl.full([WINDOW, SC], 1.0, tl.float32), WINDOW, SC, 0, LINEAR, False)
+        jd = tl.where(mj, d_rec, 1.0)  # a record past n is empty and decays nothing
+        ja, jb, jc, jd = _scan(ja, jb, jc, jd, WINDOW, SC, 0, LINEAR, False)
         lastj = (tl.arange(0, WINDOW) == WINDOW - 1)[:, None]
-        ra, rb, rc, _ = _combine(ra, rb, rc, 1.0, tl.sum(tl.where(lastj, ja, 0.0), axis=0),
-                                 tl.sum(tl.where(lastj, jb, 0.0), axis=0),
-                                 tl.sum(tl.where(lastj, jc, 0.0), axis=0), 1.0, LINEAR)
+        ra, rb, rc, rd = _combine(ra, rb, rc, rd, tl.sum(tl.where(lastj, ja, 0.0), axis=0),
+                                  tl.sum(tl.where(lastj, jb, 0.0), axis=0),
+                                  tl.sum(tl.where(lastj, jc, 0.0), axis=0),
+                                  tl.sum(tl.where(lastj, jd, 0.0), axis=0), LINEAR)
+    return ra, rb, rc, rd
+
+
+@triton.jit
+def _span_suffix(ws_ptr, rec0, s, NSPAN, log2d_span, offs_s, SC: tl.constexpr, WINDOW: tl.constexpr):
+    """The decayed sums of the spans after span s, seen from the end of span s: sum over j > s of
+    d_span^(j - s - 1) times span j's sums (a segmented backward's carry; linear, so in any order)."""
+    ra = tl.zeros([SC], dtype=tl.float32)
+    rb = tl.zeros([SC], dtype=tl.float32)
+    rc = tl.zeros([SC], dtype=tl.float32)
+    for j0 in range(s + 1, NSPAN, WINDOW):
+        offs_j = j0 + tl.arange(0, WINDOW)
+        pj = ws_ptr + rec0 + offs_j.to(tl.int64)[:, None] * (3 * SC) + offs_s[None, :]
+        mj = (offs_j < NSPAN)[:, None] & (offs_s[None, :] >= 0)
+        wj = tl.exp2(log2d_span * (offs_j - s - 1).to(tl.float32))[:, None]
+        ra += tl.sum(wj * tl.load(pj + 0 * SC, mask=mj, other=0.0), axis=0)
+        rb += tl.sum(wj * tl.load(pj + 1 * SC, mask=mj, other=0.0), axis=0)
+        rc += tl.sum(wj * tl.load(pj + 2 * SC, mask=mj, other=0.0), axis=0)
     return ra, rb, rc
 
 
@@ -584,7 +608,7 @@ def running_norm_fwd(
     STORE_SOUT: tl.constexpr, STORE_PREFIX: tl.constexpr, EPS_OUTSIDE: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr, SPAN: tl.constexpr, WINDOW: tl.constexpr,
     DETERMINISTIC: tl.constexpr = False, AGG_ONLY: tl.constexpr = False, STRIP: tl.constexpr = False,
-    HOLD: tl.constexpr = True, VEC_T: tl.constexpr = 1, VEC_C: tl.constexpr = 1,
+    HOLD: tl.constexpr = True, VEC_T: tl.constexpr = 1, VEC_C: tl.constexpr = 1, SEG: tl.constexpr = False,
 ):
     SC: tl.constexpr = 1 if POOL_ALL else BLOCK_C  # statistics per frame: one, or one per channel
     CHAN: tl.constexpr = not POOL_ALL and MODE == 1  # _local_sums' float32 summaries
@@ -604,20 +628,33 @@ def running_norm_fwd(
                              offs_c, C, _frame_mask(it0, T, length, BLOCK_T), AGAIN if LEAN else STREAM)
     K = _shift(x_ptr, b64, sxb, sxc, offs_c, C, length, BLOCK_C, POOL_ALL, MODE)
 
-    # GLOBAL: one summary per span of SPAN tiles; a strip sums its whole sequence, then reads it again below
+    # GLOBAL: one summary per span of SPAN tiles; a strip sums its whole sequence, then reads it again below.
+    # SEG (running modes): a sequence is walked in NSPAN segments of span_len tiles, each by one program
+    # (PHASE 2), after a first launch (PHASE 1) has summed each segment; the summary of a span decays by
+    # d per frame (EMA), so its frames weigh d^(frames after them in the tile) and each tile decays those
+    # before it by d_tile.
+    span_len = SPAN
+    if SEG:
+        span_len = tl.cdiv(NT, NSPAN)
+    d_tile = tl.exp2(log2d * BLOCK_T)
     if PHASE == 1 or (MODE == 3 and STRIP):
         gw = tl.zeros([SC], dtype=tl.float32)
         gm = tl.zeros([SC], dtype=tl.float32)
         gq = tl.zeros([SC], dtype=tl.float32)
-        for k in range(NT if STRIP else SPAN):
-            offs_t = (it0 * SPAN + k) * BLOCK_T + tl.arange(0, BLOCK_T)
+        fw = 1.0
+        if MODE == 2:
+            fw = tl.exp2(log2d * (BLOCK_T - 1 - tl.arange(0, BLOCK_T)).to(tl.float32))[None, :]
+        for k in range(NT if STRIP and not SEG else span_len):
+            offs_t = (it0 * span_len + k) * BLOCK_T + tl.arange(0, BLOCK_T)
             m_t = (offs_t < T) & (offs_t < length)
             for c0 in range(0, CL, BLOCK_C):
                 xk, msk = _load(xb + offs_t.to(tl.int64)[None, :] * sxt, sxc, c0, offs_c, C, m_t, K)
-                n = tl.sum(_count(msk, m_t, c0, C, BLOCK_C, POOL_ALL), axis=1)
-                mk = _tile_sum(xk, POOL_ALL) / tl.where(n > 0, n, 1.0)
+                n = tl.sum(_count(msk, m_t, c0, C, BLOCK_C, POOL_ALL) * fw, axis=1)
+                mk = _tile_sum(xk * fw, POOL_ALL) / tl.where(n > 0, n, 1.0)
                 dev = tl.where(msk, xk - mk[:, None], 0.0)
-                gw, gm, gq, _d = merge(gw, gm, gq, 1.0, n, mk, _tile_sum(dev * dev, POOL_ALL), 1.0)
+                # the tile's first chunk brings the decay of the tiles before it; its other chunks, none
+                gw, gm, gq, _gd = merge(gw, gm, gq, 1.0, n, mk, _tile_sum(dev * dev * fw, POOL_ALL),
+                                       tl.where(c0 == 0, d_tile, 1.0))
         if PHASE == 1:
             rec = (seq.to(tl.int64) * NSPAN + it0) * (3 * SC)
             tl.store(ws_ptr + rec + 0 * SC + offs_s, gw)
@@ -635,10 +672,19 @@ def running_norm_fwd(
         cm = _state_mean(sin_ptr, s_off, s_ok, NS, K)
         cq = tl.load(sin_ptr + 2 * NS + s_off, mask=s_ok, other=0.0).to(tl.float32)
     rec0 = seq.to(tl.int64) * NT * (6 * SC)
-    d_tile = tl.exp2(log2d * BLOCK_T)
+    n_walk = 1
+    if STRIP:
+        n_walk = NT
+    if SEG:  # segment it0: its prefix is the incoming state, then the summaries of the segments before it
+        sw_, sm_, sq_, sd_ = _span_reduce(ws_ptr, seq.to(tl.int64) * NSPAN * (3 * SC), it0,
+                                          tl.exp2(log2d * (BLOCK_T * span_len).to(tl.float32)), offs_s, SC, WINDOW,
+                                          False)
+        cw, cm, cq, _sd = merge(cw, cm, cq, 1.0, sw_, sm_, sq_, sd_)
+        it0 = it0 * span_len
+        n_walk = tl.minimum(span_len, NT - it0)
     if STRIP:  # the walk reads each tile one step ahead, so its load overlaps the previous tile's work
         xn, mn = _load_tile(xb, sxt, sxc, it0, T, length, offs_c, C, K, BLOCK_T, STREAM)
-    for step in range(NT if STRIP else 1):
+    for step in range(n_walk):
         it = it0 + step
         # ---- load the tile (pooled: its first chunk of channels, held unless LEAN; the others are merged
         # into the frames' statistics here and read again, from L2 as the hints ask, to be written)
@@ -660,8 +706,8 @@ def running_norm_fwd(
             if STRIP:
                 mw, mm, mq = gw, gm, gq
             else:
-                mw, mm, mq = _span_reduce(ws_ptr, seq.to(tl.int64) * NSPAN * (3 * SC), NSPAN, offs_s, SC, WINDOW,
-                                          False)
+                mw, mm, mq, _d = _span_reduce(ws_ptr, seq.to(tl.int64) * NSPAN * (3 * SC), NSPAN, 1.0, offs_s, SC,
+                                              WINDOW, False)
             if STORE_PREFIX:
                 if it == 0:
                     tl.store(ppre, mw)
@@ -732,7 +778,7 @@ def running_norm_bwd(
     STORE_GW: tl.constexpr, EPS_OUTSIDE: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr, SPAN: tl.constexpr, WINDOW: tl.constexpr,
     DETERMINISTIC: tl.constexpr = False, AGG_ONLY: tl.constexpr = False, STRIP: tl.constexpr = False,
-    HOLD: tl.constexpr = True, VEC_T: tl.constexpr = 1, VEC_C: tl.constexpr = 1,
+    HOLD: tl.constexpr = True, VEC_T: tl.constexpr = 1, VEC_C: tl.constexpr = 1, SEG: tl.constexpr = False,
 ):
     SC: tl.constexpr = 1 if POOL_ALL else BLOCK_C
     CHAN: tl.constexpr = not POOL_ALL and MODE == 1
@@ -787,11 +833,26 @@ def running_norm_bwd(
     d1 = tl.exp2(log2d)
     d_tile = tl.exp2(log2d * BLOCK_T)
     REV: tl.constexpr = MODE == 1 or MODE == 2  # suffix sums: the walk starts at the last tile
+    n_walk = 1
+    if STRIP:
+        n_walk = NT
+    # SEG: segment vt0 of span_len tiles is walked from its last tile (PHASE 2), after PHASE 1 has summed
+    # each segment's suffix sums; the carry starts as the sums of the segments after it
+    SUMS: tl.constexpr = SEG and PHASE == 1
+    if SEG:
+        span_len = tl.cdiv(NT, NSPAN)
+        srec = seq.to(tl.int64) * NSPAN * (3 * SC)
+        if PHASE == 2:
+            ku, kv, kz = _span_suffix(ws_ptr, srec, vt0, NSPAN, log2d * (BLOCK_T * span_len).to(tl.float32), offs_s,
+                                      SC, WINDOW)
+        s_seg = vt0
+        n_walk = tl.minimum(span_len, NT - s_seg * span_len)
+        vt0 = NT - tl.minimum((s_seg + 1) * span_len, NT)
     if STRIP:  # the walk reads each tile one step ahead, as in the forward
-        first = NT - 1 if REV else 0
+        first = NT - 1 - vt0 if REV else 0
         xn, mn = _load_tile(xb, sxt, sxc, first, T, length, offs_c, C, K, BLOCK_T, 0)
         gn, _m = _load_tile(gyb, sgt, sgc, first, T, length, offs_c, C, 0.0, BLOCK_T, 0)
-    for step in range(NT if STRIP else 1):
+    for step in range(n_walk):
         vt = vt0 + step
         it = vt
         if MODE == 1 or MODE == 2:
@@ -825,8 +886,8 @@ def running_norm_bwd(
             if STRIP:
                 ta, tb = sa, sb
             else:
-                ta, tb, _ = _span_reduce(ws_ptr, seq.to(tl.int64) * NSPAN * (3 * SC), NSPAN, offs_s, SC, WINDOW,
-                                         True)
+                ta, tb, _c, _d = _span_reduce(ws_ptr, seq.to(tl.int64) * NSPAN * (3 * SC), NSPAN, 1.0, offs_s, SC,
+                                              WINDOW, True)
             A = ta[:, None] + tl.zeros([SC, BLOCK_T], tl.float32)
             Bt = tb[:, None] + tl.zeros([SC, BLOCK_T], tl.float32)
         else:
@@ -885,7 +946,12 @@ def running_norm_bwd(
         Z = tl.where(valid_t, Z, 0.0)
 
         # ---- suffix sums over later frames: U_tau = sum_{t >= tau} d^(t - tau) U_t, same for V and Z
-        if MODE == 1 or MODE == 2:
+        if SUMS:  # the tile's sums seen from its first frame, into its segment's
+            if MODE == 2:
+                wt = tl.exp2(log2d * tl.arange(0, BLOCK_T).to(tl.float32))[None, :]
+                U, V, Z = U * wt, V * wt, Z * wt
+            ku, kv, kz, _kd = lin(ku, kv, kz, 1.0, tl.sum(U, axis=1), tl.sum(V, axis=1), tl.sum(Z, axis=1), d_tile)
+        elif MODE == 1 or MODE == 2:
             if MODE == 1:  # plain suffix sums; the tile's totals without a pick (a select per element)
                 au, av, az = tl.sum(U, axis=1), tl.sum(V, axis=1), tl.sum(Z, axis=1)
                 U, V, Z = _cumsum(U, BLOCK_T, SC, True), _cumsum(V, BLOCK_T, SC, True), _cumsum(Z, BLOCK_T, SC, True)
@@ -899,28 +965,34 @@ def running_norm_bwd(
             U, V, Z, _ = lin(eu[:, None], ev[:, None], ez[:, None], 1.0, U, V, Z, sd)
 
         # ---- dL/dx = g r + U + x V for each chunk, and the per-tile partials of dweight and dbias
-        pgx = gx_ptr + b64 * sdb + offs_t.to(tl.int64)[None, :] * sdt
-        pgw = (b64 * NT + it) * C + offs_c
-        in_t = offs_t < T
-        if not LEAN:
-            _write_gx(pgx, sdc, xk, msk, gy, mean, r, U, V, 0, offs_c, C, in_t, w_ptr, gwp_ptr, gbp_ptr, pgw, HAS_W,
-                      STORE_GW)
-        for k in range(0 if LEAN else 1, tl.cdiv(CL, BLOCK_C)):
-            c0 = _reread(k, CL, LEAN, BLOCK_C)
-            xc, mc = _load(px, sxc, c0, offs_c, C, m_t, Kt)
-            gc, _m = _load(pg, sgc, c0, offs_c, C, m_t, 0.0)
-            _write_gx(pgx, sdc, xc, mc, gc, mean, r, U, V, c0, offs_c, C, in_t, w_ptr, gwp_ptr, gbp_ptr, pgw,
-                      HAS_W, STORE_GW)
+        if not SUMS:
+            pgx = gx_ptr + b64 * sdb + offs_t.to(tl.int64)[None, :] * sdt
+            pgw = (b64 * NT + it) * C + offs_c
+            in_t = offs_t < T
+            if not LEAN:
+                _write_gx(pgx, sdc, xk, msk, gy, mean, r, U, V, 0, offs_c, C, in_t, w_ptr, gwp_ptr, gbp_ptr, pgw, HAS_W,
+                          STORE_GW)
+            for k in range(0 if LEAN else 1, tl.cdiv(CL, BLOCK_C)):
+                c0 = _reread(k, CL, LEAN, BLOCK_C)
+                xc, mc = _load(px, sxc, c0, offs_c, C, m_t, Kt)
+                gc, _m = _load(pg, sgc, c0, offs_c, C, m_t, 0.0)
+                _write_gx(pgx, sdc, xc, mc, gc, mean, r, U, V, c0, offs_c, C, in_t, w_ptr, gwp_ptr, gbp_ptr, pgw,
+                          HAS_W, STORE_GW)
 
-        if HAS_SIN and (MODE == 1 or MODE == 2):  # the incoming state is frame -1 of weight d^(t+1)
-            if it == 0:
-                is_first = (tl.arange(0, BLOCK_T) == 0)[None, :]
-                u0, v0, z0 = _pick(U, is_first), _pick(V, is_first), _pick(Z, is_first)
-                w_in = tl.load(sin_ptr + s_off, mask=s_ok, other=0.0).to(tl.float32)
-                pm0 = tl.sum(pm_in, axis=1)
-                tl.store(gsin_ptr + s_off, (d1 * z0).to(tl.float64), mask=s_ok)
-                tl.store(gsin_ptr + NS + s_off, (w_in * d1 * (u0 + pm0 * v0)).to(tl.float64), mask=s_ok)
-                tl.store(gsin_ptr + 2 * NS + s_off, (0.5 * d1 * v0).to(tl.float64), mask=s_ok)
+            if HAS_SIN and (MODE == 1 or MODE == 2):  # the incoming state is frame -1 of weight d^(t+1)
+                if it == 0:
+                    is_first = (tl.arange(0, BLOCK_T) == 0)[None, :]
+                    u0, v0, z0 = _pick(U, is_first), _pick(V, is_first), _pick(Z, is_first)
+                    w_in = tl.load(sin_ptr + s_off, mask=s_ok, other=0.0).to(tl.float32)
+                    pm0 = tl.sum(pm_in, axis=1)
+                    tl.store(gsin_ptr + s_off, (d1 * z0).to(tl.float64), mask=s_ok)
+                    tl.store(gsin_ptr + NS + s_off, (w_in * d1 * (u0 + pm0 * v0)).to(tl.float64), mask=s_ok)
+                    tl.store(gsin_ptr + 2 * NS + s_off, (0.5 * d1 * v0).to(tl.float64), mask=s_ok)
+
+    if SUMS:
+        tl.store(ws_ptr + srec + s_seg * (3 * SC) + offs_s, ku)
+        tl.store(ws_ptr + srec + s_seg * (3 * SC) + SC + offs_s, kv)
+        tl.store(ws_ptr + srec + s_seg * (3 * SC) + 2 * SC + offs_s, kz)
 
 
 @triton.jit

@@ -29,7 +29,9 @@ def tile_size(block_t=None, block_c=None, window=None, span=None, walk=None, war
     """Force tile sizes (tests use small tiles so that the look-back runs on small inputs); ``walk``
     makes the look-back ignore published prefixes but tile 0's, so it crosses several windows; ``strip``
     forces (True) or forbids (False) one program per sequence in the running modes; ``hold`` forces
-    whether a pooled look-back tile holds its first chunk of channels (or reads it again); ``bwd_*`` set
+    whether a pooled look-back tile holds its first chunk of channels (or reads it again); ``strip=2``
+    walks the running modes in segments of ``span`` tiles (SEG: a first launch sums each segment, then one
+    program walks each, from the sums of the segments before it, or in the backward after it); ``bwd_*`` set
     the backward's own choices (a pooled backward's BLOCK_C and hold, any backward's warps)."""
     old = dict(_OVERRIDE)
     _OVERRIDE.update({k: v for k, v in dict(block_t=block_t, block_c=block_c, window=window, span=span,
@@ -148,8 +150,8 @@ def choose_launch(B, C, T, per_channel, channels_last, mode, num_sms, nbytes, el
     if mode == FRAME and not per_channel and not channels_last:  # forward: 8192 values a tile, whatever the dtype
         bc = _OVERRIDE.get("block_c", min(triton.next_power_of_2(max(C, 1)), max(bc_b, 8192 // bt)))
     ncb = triton.cdiv(C, bc) if per_channel else 1
-    strip = _OVERRIDE.get("strip", strip_for(mode, B * ncb, per_channel, channels_last, num_sms, nbytes))
-    strip = bool(strip) and mode != FRAME
+    strip = int(_OVERRIDE.get("strip", strip_for(mode, B * ncb, per_channel, channels_last, num_sms, nbytes)))
+    strip = 0 if mode == FRAME else min(strip, 1) if mode == GLOBAL else strip  # SEG: running modes only
     if strip and not per_channel:
         warps = _OVERRIDE.get("warps", 8)
     bc_b = bc if per_channel else _OVERRIDE.get("bwd_block_c", bc_b)
@@ -249,7 +251,8 @@ def _workspace(device, n_words):
 
 
 def _launch(kernel, p: Plan, tiles, x, B, per_channel, **kw):
-    """Run the kernel: one launch with the look-back, or GLOBAL's two, or a plain grid for FRAME."""
+    """Run the kernel: one launch with the look-back, or GLOBAL's two, or a plain grid for FRAME, or a
+    strip walk of each sequence, or SEG's two (segment sums, then walks of the segments)."""
     strip = bool(tiles[7])
     flags = dict(POOL_ALL=not per_channel, MODE=p.mode, BLOCK_C=p.block_c, BLOCK_T=p.block_t, WINDOW=p.window,
                  DETERMINISTIC=bool(tiles[6]), AGG_ONLY=bool(tiles[5]), STRIP=strip, HOLD=bool(tiles[8]),
@@ -263,6 +266,11 @@ def _launch(kernel, p: Plan, tiles, x, B, per_channel, **kw):
             kernel[grid](**kw, ws_ptr=ws, ctr_ptr=ws, **sizes, PHASE=phase, SPAN=p.span, **flags)
     elif p.mode == FRAME:
         kernel[(B * p.ncb * p.nt,)](**kw, ws_ptr=x, ctr_ptr=x, **sizes, PHASE=0, SPAN=1, **flags)
+    elif tiles[7] == 2:  # SEG: each program sums a segment, then each walks one
+        ws = torch.empty(B * p.ncb * p.nspan * 3 * p.sc, dtype=torch.float32, device=x.device)
+        for phase in (1, 2):
+            kernel[(B * p.ncb * p.nspan,)](**kw, ws_ptr=ws, ctr_ptr=ws, **sizes, PHASE=phase, SPAN=1, SEG=True,
+                                           **flags)
     elif strip:  # one program per sequence walks its tiles
         kernel[(B * p.ncb,)](**kw, ws_ptr=x, ctr_ptr=x, **sizes, PHASE=0, SPAN=1, **flags)
     else:
