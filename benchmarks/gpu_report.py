@@ -100,7 +100,7 @@ def forward_checks(quick):
             if not spec.causal:
                 continue
             yr = R.REFERENCES[name](as_bct(x, layout).double())
-            for strip in (False, True):  # look-back tiles, or one program walking each sequence
+            for strip in (0, 1, 2):  # look-back tiles, one program walking each sequence, or segments (SEG)
                 with tb.tile_size(strip=strip):
                     whole = as_bct(norm(spec, x, layout=layout, backend="triton"), layout)
                     again = as_bct(norm(spec, x, layout=layout, backend="triton"), layout)
@@ -127,11 +127,13 @@ def forward_checks(quick):
     B, C, T = 2, 256, (1 << 22) + 3
     assert B * C * T > 2**31
     x = make(B, C, T, torch.float16, "b c t", seed=11)
-    for name in (("cln", "gln") if not quick else ("gln",)):
-        y = norm(spec_of(name), x, backend="triton")
+    for name, strip in ((("cln", None), ("gln", None), ("cln", 2)) if not quick else (("gln", None),)):
+        with tb.tile_size(strip=strip):  # 2: in segments (SEG)
+            y = norm(spec_of(name), x, backend="triton")
         yr = R.REFERENCES[name](x[1:].double())  # the second sequence lies past 2^31 elements
         e = rel(y[1:], yr)
-        check(f"{name} {B}x{C}x{T} fp16, batch item 1", e < TOL[torch.float16], f"{e:.1e}")
+        check(f"{name} {B}x{C}x{T} fp16, batch item 1" + (" SEG" if strip else ""), e < TOL[torch.float16],
+              f"{e:.1e}")
         del y, yr
     del x
     torch.cuda.empty_cache()
@@ -200,12 +202,16 @@ def op_checks():
 
 
 def gradient_checks(quick, shapes=None, dtypes=("fp32", "bf16")):
-    """Gradients against the float64 reference, and determinism (two runs, identical bits)."""
+    """Gradients against the float64 reference, and determinism (two runs, identical bits); by default also
+    the running norms walked in segments (SEG) on a few long sequences."""
+    from normlib.backends import triton as tb
     print("== gradients against autograd of the float64 reference; determinism", flush=True)
     torch.use_deterministic_algorithms(True)  # the look-back then combines in a fixed grouping
+    runs = [(s, None) for s in shapes or ()]
     if shapes is None:
-        shapes = [(3, 50, 1001), (2, 50, 1000), (4, 512, 4000)] if not quick else [(3, 50, 1001)]
-    for (B, C, T) in shapes:
+        runs = [(s, None) for s in ([(3, 50, 1001), (2, 50, 1000), (4, 512, 4000)] if not quick else [(3, 50, 1001)])]
+        runs += [] if quick else [((2, 128, 20000), 2)]
+    for (B, C, T), strip in runs:
         for dn in dtypes:
             dt = DTYPES[dn]
             for layout in ("b c t", "b t c"):
@@ -217,8 +223,11 @@ def gradient_checks(quick, shapes=None, dtypes=("fp32", "bf16")):
                 lengths[0] = T
                 for name in NORMS:
                     spec = spec_of(name)
+                    running = spec.causal and spec.time.value != "frame"
+                    if strip == 2 and not running:
+                        continue
                     st = None
-                    if spec.causal and spec.time.value != "frame":
+                    if running:
                         shp = (B, C) if spec.per_channel else (B,)
                         st = normlib.NormState(torch.full(shp, 50.0, device="cuda", dtype=torch.float64),
                                                torch.randn(shp, device="cuda", dtype=torch.float64),
@@ -228,11 +237,12 @@ def gradient_checks(quick, shapes=None, dtypes=("fp32", "bf16")):
                     xg = x.detach().requires_grad_()
                     grads = []
                     for _ in range(2):
-                        out = norm(spec, xg, w, b, lengths=lengths, state=st, layout=layout, backend="triton",
-                                   return_state=st is not None)
-                        y = out[0] if st is not None else out
-                        loss = (y.float() * gy.float()).sum() + (out[1].m.sum() * 0.5 if st is not None else 0)
-                        grads.append(torch.autograd.grad(loss, [xg] + ins))
+                        with tb.tile_size(strip=strip):
+                            out = norm(spec, xg, w, b, lengths=lengths, state=st, layout=layout, backend="triton",
+                                       return_state=st is not None)
+                            y = out[0] if st is not None else out
+                            loss = (y.float() * gy.float()).sum() + (out[1].m.sum() * 0.5 if st is not None else 0)
+                            grads.append(torch.autograd.grad(loss, [xg] + ins))
                     same = all(torch.equal(p_, q_) for p_, q_ in zip(*grads))
                     xr = as_bct(x, layout).double().requires_grad_()
                     wr, br = w.detach().double().requires_grad_(), b.detach().double().requires_grad_()
@@ -249,7 +259,7 @@ def gradient_checks(quick, shapes=None, dtypes=("fp32", "bf16")):
                     errs = [rel(a_, b_) for a_, b_ in zip(got, ref_g)]
                     tol = 1e-4 if dt == torch.float32 else 3e-2
                     ok = same and all(e < tol for e in errs[:3]) and all(e < 1e-3 if dt == torch.float32 else 5e-2 for e in errs[3:])
-                    check(f"grad {name} {dn} {layout!r} B{B}-C{C}-T{T}", ok,
+                    check(f"grad {name} {dn} {layout!r} B{B}-C{C}-T{T}" + (" SEG" if strip == 2 else ""), ok,
                           "dx dw db dstate " + " ".join(f"{e:.1e}" for e in errs) + ("" if same else " NOT DETERMINISTIC"))
 
     torch.use_deterministic_algorithms(False)

@@ -1,7 +1,7 @@
 """Tile-size sweep on a CUDA GPU: time the Triton forward (and optionally backward) of one norm over a
 grid of launch choices, beside a copy of the same bytes, to pick the launcher's defaults.
 
-    PYTHONPATH=. python benchmarks/sweep.py --norm cln --dtype fp32 --layout "b c t" [--strip 0,1] \
+    PYTHONPATH=. python benchmarks/sweep.py --norm cln --dtype fp32 --layout "b c t" [--strip 0,1,2] [--span 4] \
         --shape 16,512,16000 --block-t 8,16,32 --warps 4,8 --window 8,32 [--block-c 16,64] [--bwd] \
         [--bwd-block-c 64,128] [--bwd-warps 4,8]
 
@@ -51,7 +51,8 @@ def main():
     p.add_argument("--block-c")
     p.add_argument("--warps")
     p.add_argument("--window")
-    p.add_argument("--strip", help="0, 1 or both: forbid or force one program per sequence")
+    p.add_argument("--strip", help="0, 1, 2: forbid or force one program per sequence, or segments (SEG)")
+    p.add_argument("--span", help="tiles per segment (SEG) or per GLOBAL span")
     p.add_argument("--bwd", action="store_true")
     p.add_argument("--bwd-block-c")
     p.add_argument("--bwd-warps")
@@ -60,18 +61,18 @@ def main():
     gy = torch.randn_like(x)
     t_copy = do_bench(lambda: x.clone(), warmup=5, rep=40, return_mode="median")
     print(f"{a.norm} {a.dtype} {a.layout!r} {a.shape}: copy {t_copy * 1e3:.1f} µs", flush=True)
-    for bt, bc, warps, window, strip, bbc, bw in itertools.product(
-            ints(a.block_t), ints(a.block_c), ints(a.warps), ints(a.window), ints(a.strip), ints(a.bwd_block_c),
-            ints(a.bwd_warps)):
-        with launch.tile_size(block_t=bt, block_c=bc, warps=warps, window=window,
-                              strip=None if strip is None else bool(strip), bwd_block_c=bbc, bwd_warps=bw):
+    for bt, bc, warps, window, strip, span, bbc, bw in itertools.product(
+            ints(a.block_t), ints(a.block_c), ints(a.warps), ints(a.window), ints(a.strip), ints(a.span),
+            ints(a.bwd_block_c), ints(a.bwd_warps)):
+        with launch.tile_size(block_t=bt, block_c=bc, warps=warps, window=window, strip=strip, span=span,
+                              bwd_block_c=bbc, bwd_warps=bw):
             tiles = launch.tiles_for(x if a.layout == "b c t" else x.transpose(1, 2), spec.per_channel,
                                     spec.resolve_decay(None))
             try:
                 with torch.no_grad():
                     t = do_bench(lambda: norm(spec, x, layout=a.layout, backend="triton"), warmup=5, rep=40,
                                  return_mode="median")
-                line = (f"  tiles {tiles[:4]} strip {tiles[7]} bwd {launch.backward_tiles(tiles)[:3]}: "
+                line = (f"  tiles {tiles[:5]} strip {tiles[7]} bwd {launch.backward_tiles(tiles)[:3]}: "
                         f"fwd {t * 1e3:8.1f} µs  {t_copy / t:.2f} of copy")
                 if a.bwd:
                     xg = x.detach().requires_grad_()
