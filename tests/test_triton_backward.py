@@ -229,10 +229,11 @@ def test_pooled_backward_chunks_channels_its_own_way(name):
     check_gradients(got, want, F32)
 
 
-@pytest.mark.parametrize("name, layout", [pytest.param(n, lay, id=f"{n}-{lay}") for n in RUNNING for lay in LAYOUTS])
-def test_segmented_gradients(name, layout):
+@pytest.mark.parametrize("name, layout, span", [pytest.param(n, lay, sp, id=f"{n}-{lay}-span{sp}") for n in RUNNING
+                                                for lay, sp in (("bct", 2), ("btc", 2), ("bct", 9))])
+def test_segmented_gradients(name, layout, span):
     """Forward and backward walked in segments (strip=2: segments of 2 tiles of 4 frames, the last of one,
-    whose sums are read in windows of 2): lengths (one inside a tile, one of 1 frame), an incoming state
+    whose sums are read in windows of 2; or one segment, which needs no sums): lengths (one inside a tile, one of 1 frame), an incoming state
     with an empty row and a loss on the returned state, so that the suffix sums carry dstate's terms."""
     B, C, T = 3, 5, 19
     x = make_x(B, C, T, LAYOUTS[layout], F32, offset=0.3)
@@ -240,7 +241,7 @@ def test_segmented_gradients(name, layout):
     state = make_state(name, B, C, SD, empty_rows=(1,))
     gy, gs = cotangents(name, x, B, C, True)
     kw = dict(state=state, gy=gy, gs=gs, layout=LAYOUTS[layout], lengths=torch.tensor([T, 7, 1]))
-    with tile_size(block_t=4, window=2, block_c=2, strip=2, span=2):
+    with tile_size(block_t=4, window=2, block_c=2, strip=2, span=span):
         got = gradients(name, x, w, b, eps_for(name), **kw)
     want = gradients(name, x, w, b, eps_for(name), oracle=True, **kw)
     check_gradients(got, want, F32)

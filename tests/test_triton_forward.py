@@ -178,6 +178,8 @@ def _tile_cases():
                          id=f"{name}-bt4-seg3-btc"),
             pytest.param(name, (1, 33, 50), dict(block_t=8, strip=2, span=1, window=2), "bct",
                          id=f"{name}-C33-bt8-seg1"),
+            pytest.param(name, (2, 5, 37), dict(block_t=4, strip=2, span=100), "bct",  # one segment: no sums
+                         id=f"{name}-bt4-seg-whole"),
         ]
         if not pc:
             p.append(pytest.param(name, (2, 33, 50), dict(block_t=16, window=2), "bct", id=f"{name}-C33-T50-bt16"))

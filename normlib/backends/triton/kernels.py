@@ -650,7 +650,10 @@ def running_norm_fwd(
         fw = 1.0
         if MODE == 2:
             fw = tl.exp2(log2d * (BLOCK_T - 1 - tl.arange(0, BLOCK_T)).to(tl.float32))[None, :]
-        for k in range(NT if STRIP and not SEG else span_len):
+        n_sum = NT if STRIP and not SEG else span_len
+        if SEG:  # the last segment's sum is never read
+            n_sum = tl.where(it0 < NSPAN - 1, span_len, 0)
+        for k in range(n_sum):
             offs_t = (it0 * span_len + k) * BLOCK_T + tl.arange(0, BLOCK_T)
             m_t = (offs_t < T) & (offs_t < length)
             for c0 in range(0, CL, BLOCK_C):
@@ -854,6 +857,8 @@ def running_norm_bwd(
                                       SC, WINDOW)
         s_seg = vt0
         n_walk = tl.minimum(span_len, NT - s_seg * span_len)
+        if SUMS:  # the first segment's sum is never read
+            n_walk = tl.where(s_seg > 0, n_walk, 0)
         vt0 = NT - tl.minimum((s_seg + 1) * span_len, NT)
     if STRIP:  # the walk reads each tile one step ahead, as in the forward
         first = NT - 1 - vt0 if REV else 0

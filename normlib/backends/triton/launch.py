@@ -30,8 +30,9 @@ def tile_size(block_t=None, block_c=None, window=None, span=None, walk=None, war
     makes the look-back ignore published prefixes but tile 0's, so it crosses several windows; ``strip``
     forces (True) or forbids (False) one program per sequence in the running modes; ``hold`` forces
     whether a pooled look-back tile holds its first chunk of channels (or reads it again); ``strip=2``
-    walks the running modes in segments of ``span`` tiles (SEG: a first launch sums each segment, then one
-    program walks each, from the sums of the segments before it, or in the backward after it); ``bwd_*`` set
+    walks the running modes in cdiv(tiles, span) segments of equal length (SEG: a first launch sums each
+    segment, then one program walks each, from the sums of the segments before it, or in the backward after
+    it); ``bwd_*`` set
     the backward's own choices (a pooled backward's BLOCK_C and hold, any backward's warps)."""
     old = dict(_OVERRIDE)
     _OVERRIDE.update({k: v for k, v in dict(block_t=block_t, block_c=block_c, window=window, span=span,
@@ -266,9 +267,9 @@ def _launch(kernel, p: Plan, tiles, x, B, per_channel, **kw):
             kernel[grid](**kw, ws_ptr=ws, ctr_ptr=ws, **sizes, PHASE=phase, SPAN=p.span, **flags)
     elif p.mode == FRAME:
         kernel[(B * p.ncb * p.nt,)](**kw, ws_ptr=x, ctr_ptr=x, **sizes, PHASE=0, SPAN=1, **flags)
-    elif tiles[7] == 2:  # SEG: each program sums a segment, then each walks one
+    elif tiles[7] == 2:  # SEG: each program sums a segment, then each walks one (one segment: nothing to sum)
         ws = torch.empty(B * p.ncb * p.nspan * 3 * p.sc, dtype=torch.float32, device=x.device)
-        for phase in (1, 2):
+        for phase in (1, 2) if p.nspan > 1 else (2,):
             kernel[(B * p.ncb * p.nspan,)](**kw, ws_ptr=ws, ctr_ptr=ws, **sizes, PHASE=phase, SPAN=1, SEG=True,
                                            **flags)
     elif strip:  # one program per sequence walks its tiles
