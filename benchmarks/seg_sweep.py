@@ -1,8 +1,8 @@
 """Device time (CUDA graph replay) of the forward and of a training step, default launch against segmented
-walks (SEG, ``tile_size(strip=2)``) at 1, 2 and 4 times the default number of segments, as ratios to a
+walks (SEG, ``tile_size(strip=2)``) at 4, 8, 16 and 32 walks per SM (or those given), as ratios to a
 copy's time; SEG's y and dx are checked against the default's. Few-sequence shapes first.
 
-    PYTHONPATH=.:benchmarks python benchmarks/seg_sweep.py [seconds] [norm,norm,...]
+    PYTHONPATH=.:benchmarks python benchmarks/seg_sweep.py [seconds] [norm,norm,...] [per-SM,per-SM,...]
 
 Each row: "default f/s | segN f/s (err y, err dx) ...", f = forward ÷ copy time, s = step ÷ copy time.
 """
@@ -18,6 +18,7 @@ from normlib.backends.triton import launch
 def main():
     t_end = time.time() + float(sys.argv[1] if len(sys.argv) > 1 else 500)
     SMS = torch.cuda.get_device_properties(0).multi_processor_count
+    per_sm = [int(k) for k in (sys.argv[3] if len(sys.argv) > 3 else "4,8,16,32").split(",")]
     shapes = [(2, 256, 64000), (1, 128, 256000), (4, 512, 4000), (16, 512, 16000)]
     norms = sys.argv[2].split(",") if len(sys.argv) > 2 else ["ccln", "cln", "ccemaln", "emaln"]
     for (B, C, T) in shapes:
@@ -34,9 +35,9 @@ def main():
                     bc, bt = tiles[0], tiles[1]
                     ncb = triton.cdiv(C, bc) if spec.per_channel else 1
                     nt = triton.cdiv(T, bt)
-                    base_span = triton.cdiv(nt, max(1, 4 * SMS // (B * ncb)))
                     res, ref = [], None
-                    for v in [{}] + [dict(strip=2, span=max(1, base_span // k)) for k in (1, 2, 4)]:
+                    for v in [{}] + [dict(strip=2, span=triton.cdiv(nt, max(1, k * SMS // (B * ncb))))
+                                     for k in per_sm]:
                         try:
                             with launch.tile_size(**v):
                                 with torch.no_grad():

@@ -576,14 +576,21 @@ def test_default_tiles_match_the_torch_backend_and_the_reference():
 
 def test_launcher_walks_sequences_in_one_program_only_when_there_are_enough():
     """Strip (one program per sequence) for CUMULATIVE and EMA once there are STRIP_PER_SM sequences (or
-    channel blocks) per SM; look-back below that; for GLOBAL on small inputs; never for FRAME. All give the
-    reference."""
+    STRIP_PER_SM_CH channel blocks) per SM; below that, look-back, or segmented walks (SEG) for per-channel
+    "b c t", SEG_PER_SM of them per SM; for GLOBAL on small inputs; never for FRAME. All give the reference."""
     sms = launch._num_sms(torch.device(DEVICE))
     need = launch.STRIP_PER_SM * sms
     few, many = make_x(2, 3, 20), make_x(need, 3, 20)
-    for per_channel, decay in ((False, 1.0), (True, 0.5)):
-        assert launch.tiles_for(dev(few), per_channel, decay)[7] == 0
+    for per_channel, decay, below in ((False, 1.0, 0), (True, 0.5, 2)):
+        assert launch.tiles_for(dev(few), per_channel, decay)[7] == below
         assert launch.tiles_for(dev(many), per_channel, decay)[7] == 1
+    ncb = -(-3 // launch.choose_tiles(3, 20, True, False, torch.device(DEVICE))[0])
+    enough = math.ceil(launch.STRIP_PER_SM_CH * sms / ncb)
+    assert launch.tiles_for(dev(make_x(enough, 3, 20)), True, 1.0)[7] == 1
+    long = make_x(2, 3, 4000)
+    tiles = launch.tiles_for(dev(long), True, 1.0)
+    p = launch.plan(long.shape, True, 1.0, tiles)
+    assert tiles[7] == 2 and tiles[4] == -(-p.nt // (launch.SEG_PER_SM * sms // (2 * p.ncb))) and p.nspan > 1
     assert launch.tiles_for(dev(many), False, 0.0)[7] == 0  # FRAME: nothing to carry
     # GLOBAL: one launch that reads x twice (from L2) when x is small and has 32 sequences or more
     assert launch.tiles_for(dev(make_x(32, 3, 20)), False, None)[7] == 1

@@ -14,6 +14,8 @@ from .kernels import running_norm_bwd, running_norm_fwd, sum_partials
 FRAME, CUMULATIVE, EMA, GLOBAL = 0, 1, 2, 3
 STRIP_PER_SM = 4  # running modes walk each sequence in one program when there are this many per SM
 STRIP_PER_SM_BTC = 1.5  # per-channel "b t c" tiles fill an SM with 2 programs (198 registers)
+STRIP_PER_SM_CH = 3.5  # per-channel "b c t" walks: whole sequences from this many per SM, else segments (SEG)
+SEG_PER_SM = 16  # segments' walks per SM
 GLOBAL_STRIP_BYTES = 32 << 20  # GLOBAL reads x twice in one launch below this size (L2: 50 MB H100, 60 MB H200)
 LEAN_BYTES = {4: 24 << 20, 2: 36 << 20}  # by element size: a pooled look-back forward reads its first chunk
 # again, rather than holding it, when its tiles in flight take no more than this (hold_for)
@@ -109,14 +111,23 @@ def window_for(per_channel, n_seq, num_sms) -> int:
     return min(max(in_flight, 32), 128)
 
 
-def strip_for(mode, n_seq, per_channel, channels_last, num_sms, nbytes) -> bool:
-    """Whether each of ``n_seq`` sequences (or channel blocks) is walked by one program: for the running
-    modes when they fill the GPU by themselves; for GLOBAL when x is small enough to be read again from L2
-    and there are enough sequences to share the SMs, which saves a launch (small calls are host-bound)."""
+def strip_for(mode, n_seq, per_channel, channels_last, num_sms, nbytes) -> int:
+    """How the running modes walk time: 0, look-back tiles; 1, one program walks each of ``n_seq`` sequences
+    (or channel blocks), when they fill the GPU by themselves; 2, segmented walks (SEG), for per-channel "b c
+    t" when they do not. For GLOBAL, 1 when x is small enough to be read again from L2 and there are enough
+    sequences to share the SMs, which saves a launch (small calls are host-bound). Per-channel "b c t"
+    forward (step) as multiples of a copy's time on the H200, look-back -> SEG at 16 walks per SM (ccln fp32):
+    (2, 256, 64000) 4.84 -> 2.76 (11.2 -> 8.5), (1, 128, 256000) 7.96 -> 2.79 (16.7 -> 8.6); at 3.9
+    sequences per SM (4, 512, 4000) whole-sequence walks beat both: 4.03 -> 2.02 (9.6 -> 6.3), SEG at 8 per
+    SM 2.79. Pooled SEG loses to the look-back (cln "b c t" 1.85 -> 3.22 at (2, 256, 64000)): x is read
+    twice, and the look-back is already near its floor there."""
     if mode == GLOBAL:
-        return nbytes <= GLOBAL_STRIP_BYTES and n_seq >= 32
-    per_sm = STRIP_PER_SM_BTC if per_channel and channels_last else STRIP_PER_SM
-    return mode in (CUMULATIVE, EMA) and n_seq >= per_sm * num_sms
+        return int(nbytes <= GLOBAL_STRIP_BYTES and n_seq >= 32)
+    if mode not in (CUMULATIVE, EMA):
+        return 0
+    if per_channel and not channels_last:
+        return 1 if n_seq >= STRIP_PER_SM_CH * num_sms else 2
+    return int(n_seq >= (STRIP_PER_SM_BTC if per_channel else STRIP_PER_SM) * num_sms)
 
 
 def hold_for(B, C, T, block_t, channels_last, num_sms, elem_size) -> bool:
@@ -203,7 +214,7 @@ def _tiles_for(x, per_channel, decay) -> list[int]:
         x.element_size())
     ncb = triton.cdiv(C, bc) if per_channel else 1
     window = _OVERRIDE.get("window", window_for(per_channel, B * ncb, _num_sms(x.device)))
-    want = max(1, 4 * _num_sms(x.device) // max(1, B * ncb))
+    want = max(1, (SEG_PER_SM if strip == 2 else 4) * _num_sms(x.device) // max(1, B * ncb))
     span = _OVERRIDE.get("span", max(1, triton.cdiv(triton.cdiv(T, bt), want)))
     deterministic = torch.are_deterministic_algorithms_enabled()
     walk = bool(_OVERRIDE.get("walk")) and not deterministic  # a walk would hide the prefix it waits for
