@@ -127,7 +127,8 @@ def forward_checks(quick):
     B, C, T = 2, 256, (1 << 22) + 3
     assert B * C * T > 2**31
     x = make(B, C, T, torch.float16, "b c t", seed=11)
-    for name, strip in ((("cln", None), ("gln", None), ("cln", 2)) if not quick else (("gln", None),)):
+    # ccln: segments by default (few channel blocks); cln: forced to them
+    for name, strip in ((("cln", None), ("gln", None), ("cln", 2), ("ccln", None)) if not quick else (("gln", None),)):
         with tb.tile_size(strip=strip):  # 2: in segments (SEG)
             y = norm(spec_of(name), x, backend="triton")
         yr = R.REFERENCES[name](x[1:].double())  # the second sequence lies past 2^31 elements

@@ -2,7 +2,7 @@
 walks (SEG, ``tile_size(strip=2)``) at 4, 8, 16 and 32 walks per SM (or those given), as ratios to a
 copy's time; SEG's y and dx are checked against the default's. Few-sequence shapes first.
 
-    PYTHONPATH=.:benchmarks python benchmarks/seg_sweep.py [seconds] [norm,norm,...] [per-SM,per-SM,...]
+    PYTHONPATH=.:benchmarks python benchmarks/seg_sweep.py [seconds] [norm,norm,...] [per-SM,...] [BxCxT,...]
 
 Each row: "default f/s | segN f/s (err y, err dx) ...", f = forward ÷ copy time, s = step ÷ copy time.
 """
@@ -20,6 +20,8 @@ def main():
     SMS = torch.cuda.get_device_properties(0).multi_processor_count
     per_sm = [int(k) for k in (sys.argv[3] if len(sys.argv) > 3 else "4,8,16,32").split(",")]
     shapes = [(2, 256, 64000), (1, 128, 256000), (4, 512, 4000), (16, 512, 16000)]
+    if len(sys.argv) > 4:
+        shapes = [tuple(int(v) for v in s.split("x")) for s in sys.argv[4].split(",")]
     norms = sys.argv[2].split(",") if len(sys.argv) > 2 else ["ccln", "cln", "ccemaln", "emaln"]
     for (B, C, T) in shapes:
         for name in norms:
