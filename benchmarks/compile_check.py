@@ -44,15 +44,17 @@ def configs():
     for (B, C, T), last, pc, mode, dt, full in itertools.product(
             SHAPES, (False, True), (False, True), (0, 1, 2, 3), ("fp32", "bf16"), (False, True)):
         es = 4 if dt == "fp32" else 2
-        bc_f, bt, warps_f, strip, hold_f, bc_b, warps_b, hold_b = launch.choose_launch(B, C, T, pc, last, mode, 132,
-                                                                                       B * C * T * es, es)
+        bc_f, bt, warps_f, strip_f, hold_f, bc_b, warps_b, hold_b, strip_b = launch.choose_launch(
+            B, C, T, pc, last, mode, 132, B * C * T * es, es)
         st = dict(b=C * T, c=1 if last else T, t=C if last else 1)
         causal = mode != 3
-        strip = strip or (mode != 0 and full)  # the strip variant of every running mode, too
-        hold_f, hold_b = hold_f or strip, hold_b or strip  # a strip walk holds its tiles, as the launcher says
-        for phase, (kernel, bc, warps, hold) in itertools.product(
-                (2,) if mode == 3 and strip else (1, 2) if mode == 3 else (0,),
-                ((running_norm_fwd, bc_f, warps_f, hold_f), (running_norm_bwd, bc_b, warps_b, hold_b))):
+        # the strip variant of every running mode, too (SEG's, strip 2, are added below)
+        strip_f, strip_b = (bool(s) or (mode != 0 and full) for s in (strip_f, strip_b))
+        hold_f, hold_b = hold_f or strip_f, hold_b or strip_b  # a strip walk holds its tiles, as the launcher says
+        for phase, (kernel, bc, warps, hold, strip) in itertools.product(
+                (2,) if mode == 3 and strip_f else (1, 2) if mode == 3 else (0,),
+                ((running_norm_fwd, bc_f, warps_f, hold_f, strip_f), (running_norm_bwd, bc_b, warps_b, hold_b,
+                                                                       strip_b))):
             ints = dict(**{f"s{a}{k}": v for a in "xygd" for k, v in st.items()}, B=B, C=C, T=T,
                         NCB=triton.cdiv(C, bc) if pc else 1, NT=triton.cdiv(T, bt), NSPAN=3)
             common = dict(POOL_ALL=not pc, MODE=mode, PHASE=phase, HAS_W=full, HAS_LEN=full,

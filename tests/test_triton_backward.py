@@ -247,6 +247,36 @@ def test_segmented_gradients(name, layout, span):
     check_gradients(got, want, F32)
 
 
+@pytest.mark.parametrize("name", ["cln", "emaln"])
+def test_segmented_forward_then_look_back_backward(name, monkeypatch):
+    """Pooled "b t c" forwards walk segments by default on few long sequences, and their backward runs the
+    look-back (bwd_strip): the backward reads only the tiles' prefixes that the forward saved, whichever
+    way it walked. Lengths, an incoming state and a loss on the returned state, against float64."""
+    B, C, T = 3, 5, 19
+    x = make_x(B, C, T, LAYOUTS["btc"], F32, offset=0.3)
+    w, b = make_affine(C, F32)
+    state = make_state(name, B, C, SD, empty_rows=(1,))
+    gy, gs = cotangents(name, x, B, C, True)
+    kw = dict(state=state, gy=gy, gs=gs, layout=LAYOUTS["btc"], lengths=torch.tensor([T, 7, 1]))
+    launched = []
+
+    class Spy:
+        def __init__(self, kernel, which):
+            self.kernel, self.which = kernel, which
+
+        def __getitem__(self, grid):
+            def run(**k):
+                launched.append((self.which, k["PHASE"], k.get("SEG", False), k["STRIP"]))
+                return self.kernel[grid](**k)
+            return run
+    monkeypatch.setattr(launch, "running_norm_fwd", Spy(launch.running_norm_fwd, "fwd"))
+    monkeypatch.setattr(launch, "running_norm_bwd", Spy(launch.running_norm_bwd, "bwd"))
+    with tile_size(block_t=4, window=2, strip=2, span=2, bwd_strip=0):
+        got = gradients(name, x, w, b, eps_for(name), **kw)
+    assert sorted(set(launched)) == [("bwd", 0, False, False), ("fwd", 1, True, True), ("fwd", 2, True, True)]
+    check_gradients(got, gradients(name, x, w, b, eps_for(name), oracle=True, **kw), F32)
+
+
 @pytest.mark.parametrize("name, layout", [pytest.param(n, lay, id=f"{n}-{lay}") for n, lay in [
     ("cln", "bct"), ("cln", "btc"), ("emaln", "btc")]])
 def test_pooled_tiles_hold_or_read_again_their_first_chunk(name, layout, monkeypatch):

@@ -587,15 +587,20 @@ def test_launcher_walks_sequences_in_one_program_only_when_there_are_enough():
     ncb = -(-3 // launch.choose_tiles(3, 20, True, False, torch.device(DEVICE))[0])
     enough = math.ceil(launch.STRIP_PER_SM_CH * sms / ncb)
     assert launch.tiles_for(dev(make_x(enough, 3, 20)), True, 1.0)[7] == 1
+    # pooled "b t c" forwards walk segments of 8 tiles or more on one or two sequences; their backward does not
+    seg = lambda B, T, last=True: launch.choose_launch(B, 128, T, False, last, launch.CUMULATIVE, 132, 0)  # noqa: E731
+    assert [seg(1, 256000)[i] for i in (3, 8)] == [2, 0] and seg(2, 64000)[3] == 2
+    assert seg(4, 64000)[3] == seg(2, 4000)[3] == seg(1, 256000, last=False)[3] == 0
+    assert seg(1, 256000)[2] == 8 and seg(1, 256000)[6] == 4  # the forward walks on 8 warps, the look-back on 4
     long = make_x(2, 3, 4000)
     tiles = launch.tiles_for(dev(long), True, 1.0)
     p = launch.plan(long.shape, True, 1.0, tiles)
-    assert tiles[7] == 2 and tiles[4] == -(-p.nt // (launch.SEG_PER_SM * sms // (2 * p.ncb))) and p.nspan > 1
+    assert tiles[7] == 2 and tiles[4] == -(-p.nt // (launch.SEG_PER_SM[1] * sms // (2 * p.ncb))) and p.nspan > 1
     assert launch.tiles_for(dev(many), False, 0.0)[7] == 0  # FRAME: nothing to carry
     # GLOBAL: one launch that reads x twice (from L2) when x is small and has 32 sequences or more
     assert launch.tiles_for(dev(make_x(32, 3, 20)), False, None)[7] == 1
     assert launch.tiles_for(dev(make_x(31, 3, 20)), False, None)[7] == 0
-    assert not launch.strip_for(launch.GLOBAL, 64, False, False, sms, launch.GLOBAL_STRIP_BYTES + 1)
+    assert not launch.strip_for(launch.GLOBAL, 64, 1, False, False, sms, launch.GLOBAL_STRIP_BYTES + 1)
     with tile_size(block_t=8):
         for name in ("cln", "ccemaln", "gln", "instln"):
             check_output(tri(name, dev(many)), dev(many), ref(name, many), F32, name)
@@ -677,7 +682,7 @@ def test_pooled_lookback_forward_reads_its_first_chunk_again_when_its_tiles_fit_
     assert hold(16, 512, 16000, False, 2) == (False, False)  # 35 MB
     assert hold(16, 512, 16000, True, 4) == (True, False)  # 43 MB
     assert hold(1, 128, 256000, False, 4) == (False, False)  # 17 MB
-    assert hold(2, 256, 64000, True, 4, mode=launch.EMA) == (False, False)  # 22 MB
+    assert hold(4, 256, 16000, True, 4, mode=launch.EMA) == (False, False)  # 22 MB
     assert hold(16, 256, 16000, False, 4) == (True, False)  # 35 MB: fp32 holds, 16-bit reads again
     for kw in (dict(pc=True), dict(mode=launch.FRAME), dict(mode=launch.GLOBAL)):
         assert hold(1, 128, 256000, False, 4, **kw) == (True, True), kw

@@ -15,7 +15,8 @@ FRAME, CUMULATIVE, EMA, GLOBAL = 0, 1, 2, 3
 STRIP_PER_SM = 4  # running modes walk each sequence in one program when there are this many per SM
 STRIP_PER_SM_BTC = 1.5  # per-channel "b t c" tiles fill an SM with 2 programs (198 registers)
 STRIP_PER_SM_CH = 3.5  # per-channel "b c t" walks: whole sequences from this many per SM, else segments (SEG)
-SEG_PER_SM = 16  # segments' walks per SM
+SEG_PER_SM = (4, 16)  # segments' walks per SM, pooled and per-channel
+SEG_POOLED_SEQ = 2  # pooled "b t c" forwards walk segments of at least 8 tiles up to this many sequences
 GLOBAL_STRIP_BYTES = 32 << 20  # GLOBAL reads x twice in one launch below this size (L2: 50 MB H100, 60 MB H200)
 LEAN_BYTES = {4: 24 << 20, 2: 36 << 20}  # by element size: a pooled look-back forward reads its first chunk
 # again, rather than holding it, when its tiles in flight take no more than this (hold_for)
@@ -27,19 +28,20 @@ _TILES: dict = {}
 
 @contextlib.contextmanager
 def tile_size(block_t=None, block_c=None, window=None, span=None, walk=None, warps=None, strip=None,
-              bwd_block_c=None, bwd_warps=None, hold=None, bwd_hold=None):
+              bwd_block_c=None, bwd_warps=None, hold=None, bwd_hold=None, bwd_strip=None):
     """Force tile sizes (tests use small tiles so that the look-back runs on small inputs); ``walk``
     makes the look-back ignore published prefixes but tile 0's, so it crosses several windows; ``strip``
     forces (True) or forbids (False) one program per sequence in the running modes; ``hold`` forces
     whether a pooled look-back tile holds its first chunk of channels (or reads it again); ``strip=2``
     walks the running modes in cdiv(tiles, span) segments of equal length (SEG: a first launch sums each
     segment, then one program walks each, from the sums of the segments before it, or in the backward after
-    it); ``bwd_*`` set
-    the backward's own choices (a pooled backward's BLOCK_C and hold, any backward's warps)."""
+    it); ``bwd_*`` set the backward's own choices (a pooled backward's BLOCK_C and hold, any backward's
+    warps and strip)."""
     old = dict(_OVERRIDE)
     _OVERRIDE.update({k: v for k, v in dict(block_t=block_t, block_c=block_c, window=window, span=span,
                                             walk=walk, warps=warps, strip=strip, bwd_block_c=bwd_block_c,
-                                            bwd_warps=bwd_warps, hold=hold, bwd_hold=bwd_hold).items()
+                                            bwd_warps=bwd_warps, hold=hold, bwd_hold=bwd_hold,
+                                            bwd_strip=bwd_strip).items()
                       if v is not None})
     try:
         yield
@@ -111,23 +113,30 @@ def window_for(per_channel, n_seq, num_sms) -> int:
     return min(max(in_flight, 32), 128)
 
 
-def strip_for(mode, n_seq, per_channel, channels_last, num_sms, nbytes) -> int:
-    """How the running modes walk time: 0, look-back tiles; 1, one program walks each of ``n_seq`` sequences
-    (or channel blocks), when they fill the GPU by themselves; 2, segmented walks (SEG), for per-channel "b c
-    t" when they do not. For GLOBAL, 1 when x is small enough to be read again from L2 and there are enough
-    sequences to share the SMs, which saves a launch (small calls are host-bound). Per-channel "b c t"
-    forward (step) as multiples of a copy's time on the H200, look-back -> SEG at 16 walks per SM (ccln fp32):
-    (2, 256, 64000) 4.84 -> 2.76 (11.2 -> 8.5), (1, 128, 256000) 7.96 -> 2.79 (16.7 -> 8.6); at 3.9
-    sequences per SM (4, 512, 4000) whole-sequence walks beat both: 4.03 -> 2.02 (9.6 -> 6.3), SEG at 8 per
-    SM 2.79. Pooled SEG loses to the look-back (cln "b c t" 1.85 -> 3.22 at (2, 256, 64000)): x is read
-    twice, and the look-back is already near its floor there."""
+def strip_for(mode, n_seq, n_tiles, per_channel, channels_last, num_sms, nbytes) -> int:
+    """How the forward walks time in the running modes: 0, look-back tiles; 1, one program walks each of
+    ``n_seq`` sequences (or channel blocks) of ``n_tiles`` tiles, when they fill the GPU by themselves; 2,
+    segmented walks (SEG). For GLOBAL, 1 when x is small enough to be read again from L2 and there are enough
+    sequences to share the SMs, which saves a launch (small calls are host-bound). Multiples of a copy's time
+    on the H200, forward (step), look-back -> SEG:
+    - per-channel "b c t", 16 walks per SM: ccln fp32 (2, 256, 64000) 4.84 -> 2.76 (11.2 -> 8.5), (1, 128,
+      256000) 7.96 -> 2.79 (16.7 -> 8.6); at 3.9 sequences per SM, (4, 512, 4000), whole-sequence walks
+      beat both: 4.03 -> 2.02 (9.6 -> 6.3), SEG at 8 per SM 2.79;
+    - pooled "b t c", 4 walks per SM, forward only (its backward lost: x and dy are read twice): cln fp32
+      (1, 128, 256000) 4.17 -> 2.23, bf16 7.96 -> 3.50, (2, 256, 64000) 2.62 -> 2.30 (segments of 8
+      tiles), but (4, 512, 4000) 2.14 -> 3.21 (segments of one tile);
+    - pooled "b c t" loses everywhere (cln (2, 256, 64000) 1.85 -> 3.22): x is read twice, where the
+      look-back reads it once and is not far from its floor."""
     if mode == GLOBAL:
         return int(nbytes <= GLOBAL_STRIP_BYTES and n_seq >= 32)
     if mode not in (CUMULATIVE, EMA):
         return 0
     if per_channel and not channels_last:
         return 1 if n_seq >= STRIP_PER_SM_CH * num_sms else 2
-    return int(n_seq >= (STRIP_PER_SM_BTC if per_channel else STRIP_PER_SM) * num_sms)
+    if n_seq >= (STRIP_PER_SM_BTC if per_channel else STRIP_PER_SM) * num_sms:
+        return 1
+    seg_len = triton.cdiv(n_tiles, max(1, SEG_PER_SM[0] * num_sms // n_seq))
+    return 2 if not per_channel and channels_last and n_seq <= SEG_POOLED_SEQ and seg_len >= 8 else 0
 
 
 def hold_for(B, C, T, block_t, channels_last, num_sms, elem_size) -> bool:
@@ -162,17 +171,24 @@ def choose_launch(B, C, T, per_channel, channels_last, mode, num_sms, nbytes, el
     if mode == FRAME and not per_channel and not channels_last:  # forward: 8192 values a tile, whatever the dtype
         bc = _OVERRIDE.get("block_c", min(triton.next_power_of_2(max(C, 1)), max(bc_b, 8192 // bt)))
     ncb = triton.cdiv(C, bc) if per_channel else 1
-    strip = int(_OVERRIDE.get("strip", strip_for(mode, B * ncb, per_channel, channels_last, num_sms, nbytes)))
+    strip = int(_OVERRIDE.get("strip", strip_for(mode, B * ncb, triton.cdiv(T, bt), per_channel, channels_last,
+                                                 num_sms, nbytes)))
     strip = 0 if mode == FRAME else min(strip, 1) if mode == GLOBAL else strip  # SEG: running modes only
-    if strip and not per_channel:
-        warps = _OVERRIDE.get("warps", 8)
+    # pooled SEG is the forward's alone by default (strip_for); a forced strip is both's
+    strip_b = int(_OVERRIDE.get("bwd_strip", 0 if strip == 2 and not per_channel and "strip" not in _OVERRIDE
+                                else strip))
+    warps_b = warps
+    if not per_channel:  # a pooled walk holds two tiles
+        warps = _OVERRIDE.get("warps", 8) if strip else warps
+        warps_b = _OVERRIDE.get("warps", 8) if strip_b else warps_b
     bc_b = bc if per_channel else _OVERRIDE.get("bwd_block_c", bc_b)
-    lean = not per_channel and mode in (CUMULATIVE, EMA) and not strip  # others have no look-back to wait on
+    lean, lean_b = (not per_channel and mode in (CUMULATIVE, EMA) and not s for s in (strip, strip_b))  # others
+    # have no look-back to wait on
     hold = _OVERRIDE.get("hold", not lean or hold_for(B, C, T, bt, channels_last, num_sms, elem_size))
     # a look-back backward never holds: freeing 26 to 118 registers (255 with a spill -> 223 in "b c t") measured
     # 0.44 -> 0.50 of a copy in "b t c" and 0.34 -> 0.38 in bf16, and no case slower beyond its spread
-    return (bc, bt, warps, strip, bool(hold), bc_b, _OVERRIDE.get("bwd_warps", warps),
-            bool(_OVERRIDE.get("bwd_hold", not lean)))
+    return (bc, bt, warps, strip, bool(hold), bc_b, _OVERRIDE.get("bwd_warps", warps_b),
+            bool(_OVERRIDE.get("bwd_hold", not lean_b)), strip_b)
 
 
 class Plan(NamedTuple):
@@ -191,7 +207,7 @@ class Plan(NamedTuple):
 
 def tiles_for(x, per_channel, decay=None) -> list[int]:
     """The launch choices for x, as ints an op can carry: [block_c, block_t, warps, window, span, walk,
-    deterministic, strip, hold, backward block_c, backward warps, backward hold]. Forward and backward take
+    deterministic, strip, hold, backward block_c, backward warps, backward hold, backward strip]. Forward and backward take
     the same list, so they always agree on the tiling (``backward_tiles`` gives the backward's view of it). Eager
     calls look them up in a cache (the host path of a small call is longer than its kernel)."""
     if torch.compiler.is_compiling():
@@ -209,22 +225,22 @@ def tiles_for(x, per_channel, decay=None) -> list[int]:
 def _tiles_for(x, per_channel, decay) -> list[int]:
     B, C, T = x.shape
     channels_last = x.stride(1) == 1 and x.stride(2) != 1
-    bc, bt, warps, strip, hold, bc_b, warps_b, hold_b = choose_launch(
+    bc, bt, warps, strip, hold, bc_b, warps_b, hold_b, strip_b = choose_launch(
         B, C, T, per_channel, channels_last, time_mode(decay), _num_sms(x.device), x.numel() * x.element_size(),
         x.element_size())
     ncb = triton.cdiv(C, bc) if per_channel else 1
     window = _OVERRIDE.get("window", window_for(per_channel, B * ncb, _num_sms(x.device)))
-    want = max(1, (SEG_PER_SM if strip == 2 else 4) * _num_sms(x.device) // max(1, B * ncb))
+    want = max(1, (SEG_PER_SM[per_channel] if strip == 2 else 4) * _num_sms(x.device) // max(1, B * ncb))
     span = _OVERRIDE.get("span", max(1, triton.cdiv(triton.cdiv(T, bt), want)))
     deterministic = torch.are_deterministic_algorithms_enabled()
     walk = bool(_OVERRIDE.get("walk")) and not deterministic  # a walk would hide the prefix it waits for
     return [bc, bt, warps, window, span, int(walk), int(deterministic), int(strip), int(hold), bc_b, warps_b,
-            int(hold_b)]
+            int(hold_b), strip_b]
 
 
 def backward_tiles(tiles) -> list[int]:
     """The backward's launch choices: the list with its own BLOCK_C, warps and hold in their places."""
-    return [tiles[9], tiles[1], tiles[10]] + list(tiles[3:8]) + [tiles[11]]
+    return [tiles[9], tiles[1], tiles[10]] + list(tiles[3:7]) + [tiles[12], tiles[11]]
 
 
 def plan(shape, per_channel, decay, tiles) -> Plan:
