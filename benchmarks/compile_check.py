@@ -49,6 +49,7 @@ def configs():
         st = dict(b=C * T, c=1 if last else T, t=C if last else 1)
         causal = mode != 3
         # the strip variant of every running mode, too (SEG's, strip 2, are added below)
+        seg = 2 in (strip_f, strip_b)
         strip_f, strip_b = (bool(s) or (mode != 0 and full) for s in (strip_f, strip_b))
         hold_f, hold_b = hold_f or strip_f, hold_b or strip_b  # a strip walk holds its tiles, as the launcher says
         for phase, (kernel, bc, warps, hold, strip) in itertools.product(
@@ -67,7 +68,7 @@ def configs():
             else:
                 const = dict(common, HAS_GSOUT=full and causal, STORE_GW=full)
             variants = [(const, phase, warps)]
-            if mode in (1, 2) and not full:  # SEG: segment sums, then walks (pooled: on 8 warps, as strips)
+            if mode in (1, 2) and (seg or not full):  # SEG: segment sums, then walks (pooled: on 8 warps)
                 variants += [(dict(const, STRIP=True, SEG=True, SPAN=1, HOLD=True), ph, warps if pc else 8)
                              for ph in (1, 2)]
             for const, ph, nw in variants:

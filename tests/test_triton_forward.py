@@ -577,16 +577,21 @@ def test_default_tiles_match_the_torch_backend_and_the_reference():
 def test_launcher_walks_sequences_in_one_program_only_when_there_are_enough():
     """Strip (one program per sequence) for CUMULATIVE and EMA once there are STRIP_PER_SM sequences (or
     STRIP_PER_SM_CH channel blocks) per SM; below that, look-back, or segmented walks (SEG) for per-channel
-    "b c t", SEG_PER_SM of them per SM; for GLOBAL on small inputs; never for FRAME. All give the reference."""
+    "b c t", SEG_PER_SM of them per SM; for GLOBAL on small inputs; never for FRAME. A per-channel "b c t"
+    forward walks whole sequences through SEG's code (one segment), its backward as a strip. All give the
+    reference."""
     sms = launch._num_sms(torch.device(DEVICE))
     need = launch.STRIP_PER_SM * sms
     few, many = make_x(2, 3, 20), make_x(need, 3, 20)
-    for per_channel, decay, below in ((False, 1.0, 0), (True, 0.5, 2)):
-        assert launch.tiles_for(dev(few), per_channel, decay)[7] == below
-        assert launch.tiles_for(dev(many), per_channel, decay)[7] == 1
+
+    def walks(x, per_channel, decay):  # (forward, backward, segments)
+        tiles = launch.tiles_for(dev(x), per_channel, decay)
+        return tiles[7], tiles[12], launch.plan(x.shape, per_channel, decay, tiles).nspan
+    assert walks(few, False, 1.0)[:2] == (0, 0) and walks(many, False, 1.0) == (1, 1, 1)
+    assert walks(few, True, 0.5)[:2] == (2, 2) and walks(many, True, 0.5) == (2, 1, 1)
     ncb = -(-3 // launch.choose_tiles(3, 20, True, False, torch.device(DEVICE))[0])
     enough = math.ceil(launch.STRIP_PER_SM_CH * sms / ncb)
-    assert launch.tiles_for(dev(make_x(enough, 3, 20)), True, 1.0)[7] == 1
+    assert walks(make_x(enough, 3, 20), True, 1.0)[:2] == (2, 1) and walks(make_x(enough - 1, 3, 20), True, 1.0)[:2] == (2, 2)
     # pooled "b t c" forwards walk segments of 8 tiles or more on one or two sequences; their backward does not
     seg = lambda B, T, last=True: launch.choose_launch(B, 128, T, False, last, launch.CUMULATIVE, 132, 0)  # noqa: E731
     assert [seg(1, 256000)[i] for i in (3, 8)] == [2, 0] and seg(2, 64000)[3] == 2
@@ -600,7 +605,7 @@ def test_launcher_walks_sequences_in_one_program_only_when_there_are_enough():
     # GLOBAL: one launch that reads x twice (from L2) when x is small and has 32 sequences or more
     assert launch.tiles_for(dev(make_x(32, 3, 20)), False, None)[7] == 1
     assert launch.tiles_for(dev(make_x(31, 3, 20)), False, None)[7] == 0
-    assert not launch.strip_for(launch.GLOBAL, 64, 1, False, False, sms, launch.GLOBAL_STRIP_BYTES + 1)
+    assert launch.strip_for(launch.GLOBAL, 64, 1, False, False, sms, launch.GLOBAL_STRIP_BYTES + 1) == (0, 0)
     with tile_size(block_t=8):
         for name in ("cln", "ccemaln", "gln", "instln"):
             check_output(tri(name, dev(many)), dev(many), ref(name, many), F32, name)

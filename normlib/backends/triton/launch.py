@@ -113,12 +113,16 @@ def window_for(per_channel, n_seq, num_sms) -> int:
     return min(max(in_flight, 32), 128)
 
 
-def strip_for(mode, n_seq, n_tiles, per_channel, channels_last, num_sms, nbytes) -> int:
-    """How the forward walks time in the running modes: 0, look-back tiles; 1, one program walks each of
-    ``n_seq`` sequences (or channel blocks) of ``n_tiles`` tiles, when they fill the GPU by themselves; 2,
-    segmented walks (SEG). For GLOBAL, 1 when x is small enough to be read again from L2 and there are enough
-    sequences to share the SMs, which saves a launch (small calls are host-bound). Multiples of a copy's time
-    on the H200, forward (step), look-back -> SEG:
+def strip_for(mode, n_seq, n_tiles, per_channel, channels_last, num_sms, nbytes) -> tuple[int, int]:
+    """How the forward and the backward walk time in the running modes: 0, look-back tiles; 1, one program
+    walks each of ``n_seq`` sequences (or channel blocks) of ``n_tiles`` tiles, when they fill the GPU by
+    themselves; 2, segmented walks (SEG). For GLOBAL, 1 when x is small enough to be read again from L2 and
+    there are enough sequences to share the SMs, which saves a launch (small calls are host-bound). A SEG
+    forward whose backward walks whole sequences (1) walks one segment a sequence: the same walk, whose next
+    tile's load the compiler issues before the step's work, where the strip's sinks it to the step's end
+    (ccln (4, 512, 4000) fp32 forward 2.58 -> 2.06 times a copy's time, bf16 5.26 -> 5.12, (16, 512, 16000)
+    1.74 -> 1.65 and 3.42 -> 3.36; its backward lost: 3.75 -> 4.40). Multiples of a copy's time on the H200,
+    forward (step), look-back -> SEG:
     - per-channel "b c t", 16 walks per SM: ccln fp32 (2, 256, 64000) 4.84 -> 2.76 (11.2 -> 8.5), (1, 128,
       256000) 7.96 -> 2.79 (16.7 -> 8.6); at 3.9 sequences per SM, (4, 512, 4000), whole-sequence walks
       beat both: 4.03 -> 2.02 (9.6 -> 6.3), SEG at 8 per SM 2.79;
@@ -128,15 +132,15 @@ def strip_for(mode, n_seq, n_tiles, per_channel, channels_last, num_sms, nbytes)
     - pooled "b c t" loses everywhere (cln (2, 256, 64000) 1.85 -> 3.22): x is read twice, where the
       look-back reads it once and is not far from its floor."""
     if mode == GLOBAL:
-        return int(nbytes <= GLOBAL_STRIP_BYTES and n_seq >= 32)
+        return (int(nbytes <= GLOBAL_STRIP_BYTES and n_seq >= 32),) * 2
     if mode not in (CUMULATIVE, EMA):
-        return 0
+        return 0, 0
     if per_channel and not channels_last:
-        return 1 if n_seq >= STRIP_PER_SM_CH * num_sms else 2
+        return (2, 1) if n_seq >= STRIP_PER_SM_CH * num_sms else (2, 2)
     if n_seq >= (STRIP_PER_SM_BTC if per_channel else STRIP_PER_SM) * num_sms:
-        return 1
+        return 1, 1
     seg_len = triton.cdiv(n_tiles, max(1, SEG_PER_SM[0] * num_sms // n_seq))
-    return 2 if not per_channel and channels_last and n_seq <= SEG_POOLED_SEQ and seg_len >= 8 else 0
+    return (2, 0) if not per_channel and channels_last and n_seq <= SEG_POOLED_SEQ and seg_len >= 8 else (0, 0)
 
 
 def hold_for(B, C, T, block_t, channels_last, num_sms, elem_size) -> bool:
@@ -171,12 +175,11 @@ def choose_launch(B, C, T, per_channel, channels_last, mode, num_sms, nbytes, el
     if mode == FRAME and not per_channel and not channels_last:  # forward: 8192 values a tile, whatever the dtype
         bc = _OVERRIDE.get("block_c", min(triton.next_power_of_2(max(C, 1)), max(bc_b, 8192 // bt)))
     ncb = triton.cdiv(C, bc) if per_channel else 1
-    strip = int(_OVERRIDE.get("strip", strip_for(mode, B * ncb, triton.cdiv(T, bt), per_channel, channels_last,
-                                                 num_sms, nbytes)))
-    strip = 0 if mode == FRAME else min(strip, 1) if mode == GLOBAL else strip  # SEG: running modes only
-    # pooled SEG is the forward's alone by default (strip_for); a forced strip is both's
-    strip_b = int(_OVERRIDE.get("bwd_strip", 0 if strip == 2 and not per_channel and "strip" not in _OVERRIDE
-                                else strip))
+    strip, strip_b = strip_for(mode, B * ncb, triton.cdiv(T, bt), per_channel, channels_last, num_sms, nbytes)
+    if "strip" in _OVERRIDE:  # forced: forward and backward alike
+        strip = strip_b = int(_OVERRIDE["strip"])
+        strip = strip_b = 0 if mode == FRAME else min(strip, 1) if mode == GLOBAL else strip  # SEG: running modes
+    strip_b = int(_OVERRIDE.get("bwd_strip", strip_b))
     warps_b = warps
     if not per_channel:  # a pooled walk holds two tiles
         warps = _OVERRIDE.get("warps", 8) if strip else warps
@@ -231,6 +234,8 @@ def _tiles_for(x, per_channel, decay) -> list[int]:
     ncb = triton.cdiv(C, bc) if per_channel else 1
     window = _OVERRIDE.get("window", window_for(per_channel, B * ncb, _num_sms(x.device)))
     want = max(1, (SEG_PER_SM[per_channel] if strip == 2 else 4) * _num_sms(x.device) // max(1, B * ncb))
+    if strip == 2 and strip_b == 1:  # see strip_for: whole sequences
+        want = 1
     span = _OVERRIDE.get("span", max(1, triton.cdiv(triton.cdiv(T, bt), want)))
     deterministic = torch.are_deterministic_algorithms_enabled()
     walk = bool(_OVERRIDE.get("walk")) and not deterministic  # a walk would hide the prefix it waits for
