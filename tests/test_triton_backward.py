@@ -247,6 +247,25 @@ def test_segmented_gradients(name, layout, span):
     check_gradients(got, want, F32)
 
 
+@pytest.mark.parametrize("name", ["ccln", "emaln"])
+def test_pinned_strip_backward_gives_the_same_bits(name):
+    """pin=True adds a barrier after a strip backward's loads of its next tile (to keep them early, an
+    experiment): the arithmetic is the same, so the gradients are the same bits, and the reference's."""
+    B, C, T = 3, 5, 19
+    x = make_x(B, C, T, LAYOUTS["bct"], F32, offset=0.3)
+    w, b = make_affine(C, F32)
+    state = make_state(name, B, C, SD, empty_rows=(1,))
+    gy, gs = cotangents(name, x, B, C, True)
+    kw = dict(state=state, gy=gy, gs=gs, layout=LAYOUTS["bct"], lengths=torch.tensor([T, 7, 1]))
+    got = {}
+    for pin in (False, True):
+        with tile_size(block_t=4, block_c=2, strip=True, pin=pin):
+            got[pin] = gradients(name, x, w, b, eps_for(name), **kw)
+    for k, v in got[True].items():
+        assert torch.equal(v, got[False][k]), k
+    check_gradients(got[True], gradients(name, x, w, b, eps_for(name), oracle=True, **kw), F32)
+
+
 @pytest.mark.parametrize("name", ["cln", "emaln"])
 def test_segmented_forward_then_look_back_backward(name, monkeypatch):
     """Pooled "b t c" forwards walk segments by default on few long sequences, and their backward runs the

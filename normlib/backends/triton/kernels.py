@@ -789,6 +789,7 @@ def running_norm_bwd(
     BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr, SPAN: tl.constexpr, WINDOW: tl.constexpr,
     DETERMINISTIC: tl.constexpr = False, AGG_ONLY: tl.constexpr = False, STRIP: tl.constexpr = False,
     HOLD: tl.constexpr = True, VEC_T: tl.constexpr = 1, VEC_C: tl.constexpr = 1, SEG: tl.constexpr = False,
+    PIN: tl.constexpr = False,
 ):
     SC: tl.constexpr = 1 if POOL_ALL else BLOCK_C
     CHAN: tl.constexpr = not POOL_ALL and MODE == 1
@@ -881,6 +882,8 @@ def running_norm_bwd(
             nxt = it - 1 if REV else it + 1
             xn, mn = _load_tile(xb, sxt, sxc, nxt, T, length, offs_c, C, K, BLOCK_T, 0)
             gn, _m = _load_tile(gyb, sgt, sgc, nxt, T, length, offs_c, C, 0.0, BLOCK_T, 0)
+            if PIN:  # keeps the next tile's loads here: with no barrier in the step, ptxas sinks them to its end
+                tl.debug_barrier()  # (per-channel "b c t"), where they overlap nothing (not yet timed)
         elif EARLY:
             xk, msk, gy = tl.where(msk0, x0 - Kt, 0.0), msk0, g0
         else:
