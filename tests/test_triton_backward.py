@@ -229,18 +229,24 @@ def test_pooled_backward_chunks_channels_its_own_way(name):
     check_gradients(got, want, F32)
 
 
+def _walk_case(name, layout):
+    """(x, w, b, kw) for gradients(): 3 sequences of 19 frames, 5 channels, lengths (one inside a tile, one
+    of 1 frame), an incoming state with an empty row and a loss on the returned state."""
+    B, C, T = 3, 5, 19
+    x = make_x(B, C, T, LAYOUTS[layout], F32, offset=0.3)
+    w, b = make_affine(C, F32)
+    state = make_state(name, B, C, SD, empty_rows=(1,))
+    gy, gs = cotangents(name, x, B, C, True)
+    return x, w, b, dict(state=state, gy=gy, gs=gs, layout=LAYOUTS[layout], lengths=torch.tensor([T, 7, 1]))
+
+
 @pytest.mark.parametrize("name, layout, span", [pytest.param(n, lay, sp, id=f"{n}-{lay}-span{sp}") for n in RUNNING
                                                 for lay, sp in (("bct", 2), ("btc", 2), ("bct", 9))])
 def test_segmented_gradients(name, layout, span):
     """Forward and backward walked in segments (strip=2: segments of 2 tiles of 4 frames, the last of one,
     whose sums are read in windows of 2; or one segment, which needs no sums): lengths (one inside a tile, one of 1 frame), an incoming state
     with an empty row and a loss on the returned state, so that the suffix sums carry dstate's terms."""
-    B, C, T = 3, 5, 19
-    x = make_x(B, C, T, LAYOUTS[layout], F32, offset=0.3)
-    w, b = make_affine(C, F32)
-    state = make_state(name, B, C, SD, empty_rows=(1,))
-    gy, gs = cotangents(name, x, B, C, True)
-    kw = dict(state=state, gy=gy, gs=gs, layout=LAYOUTS[layout], lengths=torch.tensor([T, 7, 1]))
+    x, w, b, kw = _walk_case(name, layout)
     with tile_size(block_t=4, window=2, block_c=2, strip=2, span=span):
         got = gradients(name, x, w, b, eps_for(name), **kw)
     want = gradients(name, x, w, b, eps_for(name), oracle=True, **kw)
@@ -251,12 +257,7 @@ def test_segmented_gradients(name, layout, span):
 def test_pinned_strip_backward_gives_the_same_bits(name):
     """pin=True adds a barrier after a strip backward's loads of its next tile (to keep them early, an
     experiment): the arithmetic is the same, so the gradients are the same bits, and the reference's."""
-    B, C, T = 3, 5, 19
-    x = make_x(B, C, T, LAYOUTS["bct"], F32, offset=0.3)
-    w, b = make_affine(C, F32)
-    state = make_state(name, B, C, SD, empty_rows=(1,))
-    gy, gs = cotangents(name, x, B, C, True)
-    kw = dict(state=state, gy=gy, gs=gs, layout=LAYOUTS["bct"], lengths=torch.tensor([T, 7, 1]))
+    x, w, b, kw = _walk_case(name, "bct")
     got = {}
     for pin in (False, True):
         with tile_size(block_t=4, block_c=2, strip=True, pin=pin):
@@ -271,12 +272,7 @@ def test_segmented_forward_then_look_back_backward(name, monkeypatch):
     """Pooled "b t c" forwards walk segments by default on few long sequences, and their backward runs the
     look-back (bwd_strip): the backward reads only the tiles' prefixes that the forward saved, whichever
     way it walked. Lengths, an incoming state and a loss on the returned state, against float64."""
-    B, C, T = 3, 5, 19
-    x = make_x(B, C, T, LAYOUTS["btc"], F32, offset=0.3)
-    w, b = make_affine(C, F32)
-    state = make_state(name, B, C, SD, empty_rows=(1,))
-    gy, gs = cotangents(name, x, B, C, True)
-    kw = dict(state=state, gy=gy, gs=gs, layout=LAYOUTS["btc"], lengths=torch.tensor([T, 7, 1]))
+    x, w, b, kw = _walk_case(name, "btc")
     launched = []
 
     class Spy:
