@@ -591,7 +591,8 @@ def test_launcher_walks_sequences_in_one_program_only_when_there_are_enough():
     assert walks(few, True, 0.5)[:2] == (2, 2) and walks(many, True, 0.5) == (2, 1, 1)
     ncb = -(-3 // launch.choose_tiles(3, 20, True, False, torch.device(DEVICE))[0])
     enough = math.ceil(launch.STRIP_PER_SM_CH * sms / ncb)
-    assert walks(make_x(enough, 3, 20), True, 1.0)[:2] == (2, 1) and walks(make_x(enough - 1, 3, 20), True, 1.0)[:2] == (2, 2)
+    assert walks(make_x(enough, 3, 20), True, 1.0)[:2] == (2, 1)
+    assert walks(make_x(enough - 1, 3, 20), True, 1.0)[:2] == (2, 2)
     # pooled "b t c" forwards walk segments of 8 tiles or more on one or two sequences; their backward does not
     seg = lambda B, T, last=True: launch.choose_launch(B, 128, T, False, last, launch.CUMULATIVE, 132, 0)  # noqa: E731
     assert [seg(1, 256000)[i] for i in (3, 8)] == [2, 0] and seg(2, 64000)[3] == 2

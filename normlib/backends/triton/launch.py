@@ -176,9 +176,9 @@ def choose_launch(B, C, T, per_channel, channels_last, mode, num_sms, nbytes, el
         bc = _OVERRIDE.get("block_c", min(triton.next_power_of_2(max(C, 1)), max(bc_b, 8192 // bt)))
     ncb = triton.cdiv(C, bc) if per_channel else 1
     strip, strip_b = strip_for(mode, B * ncb, triton.cdiv(T, bt), per_channel, channels_last, num_sms, nbytes)
-    if "strip" in _OVERRIDE:  # forced: forward and backward alike
-        strip = strip_b = int(_OVERRIDE["strip"])
-        strip = strip_b = 0 if mode == FRAME else min(strip, 1) if mode == GLOBAL else strip  # SEG: running modes
+    if "strip" in _OVERRIDE:  # forced: forward and backward alike (SEG: running modes only)
+        forced = int(_OVERRIDE["strip"])
+        strip = strip_b = 0 if mode == FRAME else min(forced, 1) if mode == GLOBAL else forced
     strip_b = int(_OVERRIDE.get("bwd_strip", strip_b))
     warps_b = warps
     if not per_channel:  # a pooled walk holds two tiles
@@ -210,9 +210,10 @@ class Plan(NamedTuple):
 
 def tiles_for(x, per_channel, decay=None) -> list[int]:
     """The launch choices for x, as ints an op can carry: [block_c, block_t, warps, window, span, walk,
-    deterministic, strip, hold, backward block_c, backward warps, backward hold, backward strip]. Forward and backward take
-    the same list, so they always agree on the tiling (``backward_tiles`` gives the backward's view of it). Eager
-    calls look them up in a cache (the host path of a small call is longer than its kernel)."""
+    deterministic, strip, hold, backward block_c, backward warps, backward hold, backward strip]. Forward and
+    backward take the same list, so they always agree on the tiling (``backward_tiles`` gives the backward's
+    view of it). Eager calls look them up in a cache (the host path of a small call is longer than its
+    kernel)."""
     if torch.compiler.is_compiling():
         return _tiles_for(x, per_channel, decay)
     key = (x.shape, x.stride(), per_channel, time_mode(decay), x.device, torch.are_deterministic_algorithms_enabled(),
@@ -244,7 +245,7 @@ def _tiles_for(x, per_channel, decay) -> list[int]:
 
 
 def backward_tiles(tiles) -> list[int]:
-    """The backward's launch choices: the list with its own BLOCK_C, warps and hold in their places."""
+    """The backward's launch choices: the list with its own BLOCK_C, warps, strip and hold in their places."""
     return [tiles[9], tiles[1], tiles[10]] + list(tiles[3:7]) + [tiles[12], tiles[11]]
 
 
