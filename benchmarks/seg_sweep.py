@@ -1,8 +1,9 @@
 """Device time (CUDA graph replay) of the forward and of a training step, default launch against segmented
 walks (SEG, ``tile_size(strip=2)``) at 4, 8, 16 and 32 walks per SM (or those given), as ratios to a
-copy's time; SEG's y and dx are checked against the default's. Few-sequence shapes first.
+copy's time; SEG's y and dx are checked against the default's. Few-sequence shapes first. A last argument
+such as block_c=128,block_t=8,warps=1 forces the segments' tiles (the default keeps its own).
 
-    PYTHONPATH=.:benchmarks python benchmarks/seg_sweep.py [seconds] [norm,norm,...] [per-SM,...] [BxCxT,...]
+    PYTHONPATH=.:benchmarks python benchmarks/seg_sweep.py [seconds] [norm,...] [per-SM,...] [BxCxT,...] [k=v,...]
 
 Each row: "default f/s | segN f/s (err y, err dx) ...", f = forward ÷ copy time, s = step ÷ copy time.
 """
@@ -23,6 +24,7 @@ def main():
     if len(sys.argv) > 4:
         shapes = [tuple(int(v) for v in s.split("x")) for s in sys.argv[4].split(",")]
     norms = sys.argv[2].split(",") if len(sys.argv) > 2 else ["ccln", "cln", "ccemaln", "emaln"]
+    force = {k: int(v) for k, v in (kv.split("=") for kv in sys.argv[5].split(","))} if len(sys.argv) > 5 else {}
     for (B, C, T) in shapes:
         for name in norms:
             spec = spec_of(name)
@@ -34,11 +36,11 @@ def main():
                     copy = _graph_t(lambda: x0.clone())
                     tiles = launch.tiles_for(x0 if layout == "b c t" else x0.transpose(1, 2), spec.per_channel,
                                              spec.resolve_decay(None))
-                    bc, bt = tiles[0], tiles[1]
+                    bc, bt = force.get("block_c", tiles[0]), force.get("block_t", tiles[1])
                     ncb = triton.cdiv(C, bc) if spec.per_channel else 1
                     nt = triton.cdiv(T, bt)
                     res, ref = [], None
-                    for v in [{}] + [dict(strip=2, span=triton.cdiv(nt, max(1, k * SMS // (B * ncb))))
+                    for v in [{}] + [dict(strip=2, span=triton.cdiv(nt, max(1, k * SMS // (B * ncb))), **force)
                                      for k in per_sm]:
                         try:
                             with launch.tile_size(**v):
