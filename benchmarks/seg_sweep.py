@@ -1,7 +1,8 @@
 """Device time (CUDA graph replay) of the forward and of a training step, default launch against segmented
 walks (SEG, ``tile_size(strip=2)``) at 4, 8, 16 and 32 walks per SM (or those given), as ratios to a
 copy's time; SEG's y and dx are checked against the default's. Few-sequence shapes first. A last argument
-such as block_c=128,block_t=8,warps=1 forces the segments' tiles (the default keeps its own).
+such as block_c=128,block_t=8,warps=1 forces the segments' tiles (the default keeps its own); layout=bct or
+layout=btc keeps one layout.
 
     PYTHONPATH=.:benchmarks python benchmarks/seg_sweep.py [seconds] [norm,...] [per-SM,...] [BxCxT,...] [k=v,...]
 
@@ -24,12 +25,14 @@ def main():
     if len(sys.argv) > 4:
         shapes = [tuple(int(v) for v in s.split("x")) for s in sys.argv[4].split(",")]
     norms = sys.argv[2].split(",") if len(sys.argv) > 2 else ["ccln", "cln", "ccemaln", "emaln"]
-    force = {k: int(v) for k, v in (kv.split("=") for kv in sys.argv[5].split(","))} if len(sys.argv) > 5 else {}
+    force = dict(kv.split("=") for kv in sys.argv[5].split(",")) if len(sys.argv) > 5 else {}
+    layouts = {"bct": ("b c t",), "btc": ("b t c",)}.get(force.pop("layout", ""), ("b c t", "b t c"))
+    force = {k: int(v) for k, v in force.items()}
     for (B, C, T) in shapes:
         for name in norms:
             spec = spec_of(name)
             for dt in ("fp32", "bf16"):
-                for layout in ("b c t", "b t c"):
+                for layout in layouts:
                     if time.time() > t_end:
                         return
                     x0, x, w, b, gy = step_inputs(B, C, T, DTYPES[dt], layout)

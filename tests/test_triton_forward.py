@@ -577,7 +577,7 @@ def test_default_tiles_match_the_torch_backend_and_the_reference():
 def test_launcher_walks_sequences_in_one_program_only_when_there_are_enough():
     """Strip (one program per sequence) for CUMULATIVE and EMA once there are STRIP_PER_SM sequences (or
     STRIP_PER_SM_CH channel blocks) per SM; below that, look-back, or segmented walks (SEG) for per-channel
-    "b c t", SEG_PER_SM of them per SM; for GLOBAL on small inputs; never for FRAME. A per-channel "b c t"
+    "b c t" and always for per-channel "b t c", SEG_PER_SM of them per SM; for GLOBAL on small inputs; never for FRAME. A per-channel "b c t"
     forward walks whole sequences through SEG's code (one segment), its backward as a strip. All give the
     reference."""
     sms = launch._num_sms(torch.device(DEVICE))
@@ -610,12 +610,19 @@ def test_launcher_walks_sequences_in_one_program_only_when_there_are_enough():
     with tile_size(block_t=8):
         for name in ("cln", "ccemaln", "gln", "instln"):
             check_output(tri(name, dev(many)), dev(many), ref(name, many), F32, name)
-    # per-channel "b t c" tiles hold fewer programs per SM, so fewer sequences suffice
-    ncb_btc = -(-3 // launch.choose_tiles(3, 20, True, True, torch.device(DEVICE))[0])
-    enough = math.ceil(launch.STRIP_PER_SM_BTC * sms / ncb_btc)
-    btc = lambda n: make_x(n, 3, 20).transpose(1, 2).contiguous().transpose(1, 2)  # noqa: E731
-    assert launch.tiles_for(dev(btc(enough)), True, 1.0)[7] == 1
-    assert launch.tiles_for(dev(btc(enough - 1)), True, 1.0)[7] == 0
+    # per-channel "b t c" running norms always walk segments, SEG_PER_SM[2] per SM, of one-warp [128, 8] tiles
+    btc = lambda n, C=3, T=20: make_x(n, C, T).transpose(1, 2).contiguous().transpose(1, 2)  # noqa: E731
+    for n, C, T in ((2, 3, 20), (need, 3, 20), (2, 200, 300)):
+        x = dev(btc(n, C, T))
+        tiles = launch.tiles_for(x, True, 0.5)
+        segs = max(1, launch.SEG_PER_SM[2] * sms // (n * -(-C // 128)))
+        assert tiles[:3] == [min(128, 1 << (C - 1).bit_length()), 8, 1] and (tiles[7], tiles[12]) == (2, 2)
+        assert tiles[4] == -(-(-(-T // 8)) // segs)
+    assert launch.tiles_for(dev(btc(2)), True, None)[:3] == [4, 32, 4]  # instln keeps its look-back-free tiles
+    x = make_x(2, 200, 300, "b t c", offset=1.0)  # (B, T, C): 38 tiles in segments of 5
+    assert launch.plan((2, 200, 300), True, 1.0, launch.tiles_for(dev(x).transpose(1, 2), True, 1.0)).nspan > 1
+    for name in ("ccln", "ccemaln"):
+        check_output(tri(name, dev(x), layout="b t c"), dev(x), ref(name, x, layout="b t c"), F32, name)
 
 
 def test_pooled_strip_walks_run_on_8_warps():

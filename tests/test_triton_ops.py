@@ -80,7 +80,8 @@ class _Model(nn.Module):
         return self.gln(self.ema(h), lengths=lengths), state
 
 
-@pytest.mark.parametrize("strip", [0, 1])  # strip=0: tiles with a look-back, whose launch choice reads more of x
+# strip=0: tiles with a look-back, whose launch choice reads more of x; None: the defaults (SEG per channel)
+@pytest.mark.parametrize("strip", [0, 1, None])
 def test_compile_fullgraph_matches_eager(strip):
     torch.manual_seed(1)
     model = _Model()

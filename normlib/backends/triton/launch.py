@@ -13,9 +13,8 @@ from .kernels import running_norm_bwd, running_norm_fwd, sum_partials
 
 FRAME, CUMULATIVE, EMA, GLOBAL = 0, 1, 2, 3
 STRIP_PER_SM = 4  # running modes walk each sequence in one program when there are this many per SM
-STRIP_PER_SM_BTC = 1.5  # per-channel "b t c" tiles fill an SM with 2 programs (198 registers)
 STRIP_PER_SM_CH = 3.5  # per-channel "b c t" walks: whole sequences from this many per SM, else segments (SEG)
-SEG_PER_SM = (4, 16)  # segments' walks per SM, pooled and per-channel
+SEG_PER_SM = (4, 16, 8)  # segments' walks per SM: pooled, per-channel "b c t", per-channel "b t c"
 SEG_POOLED_SEQ = 2  # pooled "b t c" forwards walk segments of at least 8 tiles up to this many sequences
 GLOBAL_STRIP_BYTES = 32 << 20  # GLOBAL reads x twice in one launch below this size (L2: 50 MB H100, 60 MB H200)
 LEAN_BYTES = {4: 24 << 20, 2: 36 << 20}  # by element size: a pooled look-back forward reads its first chunk
@@ -81,8 +80,11 @@ def choose_tiles(C, T, per_channel, channels_last, device, mode=CUMULATIVE, elem
     3.46 / 12.8 -> 2.94 / 10.5 -> 2.66 / 9.5, (64, 128, 500) bf16 3.97 / 15.4 -> 3.66 / 15.2 -> 3.18 /
     12.8; (4, 512, 4000) 2.50 / 8.0 -> 2.09 / 6.9 -> 2.27 / 7.1)."""
     c2, t2 = triton.next_power_of_2(max(C, 1)), triton.next_power_of_2(max(T, 1))
+    warps = None
     if per_channel:
-        if channels_last:
+        if channels_last and mode in (CUMULATIVE, EMA):  # SEG walks: each thread holds its channels' frames
+            block_c, block_t, warps = min(128, c2), min(t2, 8), 1
+        elif channels_last:
             block_c, block_t = min(32, c2), min(t2, 64)
         else:
             grow = 2 if mode == GLOBAL else 1
@@ -96,7 +98,7 @@ def choose_tiles(C, T, per_channel, channels_last, device, mode=CUMULATIVE, elem
         block_c, block_t = min(c2, 128), min(t2, 64)
     block_c = _OVERRIDE.get("block_c", block_c)
     block_t = _OVERRIDE.get("block_t", block_t)
-    return block_c, block_t, _OVERRIDE.get("warps", 8 if block_c * block_t > 8192 else 4)
+    return block_c, block_t, _OVERRIDE.get("warps", warps or (8 if block_c * block_t > 8192 else 4))
 
 
 def window_for(per_channel, n_seq, num_sms) -> int:
@@ -135,9 +137,9 @@ def strip_for(mode, n_seq, n_tiles, per_channel, channels_last, num_sms, nbytes)
         return (int(nbytes <= GLOBAL_STRIP_BYTES and n_seq >= 32),) * 2
     if mode not in (CUMULATIVE, EMA):
         return 0, 0
-    if per_channel and not channels_last:
-        return (2, 1) if n_seq >= STRIP_PER_SM_CH * num_sms else (2, 2)
-    if n_seq >= (STRIP_PER_SM_BTC if per_channel else STRIP_PER_SM) * num_sms:
+    if per_channel:
+        return (2, 1) if not channels_last and n_seq >= STRIP_PER_SM_CH * num_sms else (2, 2)
+    if n_seq >= STRIP_PER_SM * num_sms:
         return 1, 1
     seg_len = triton.cdiv(n_tiles, max(1, SEG_PER_SM[0] * num_sms // n_seq))
     return (2, 0) if not per_channel and channels_last and n_seq <= SEG_POOLED_SEQ and seg_len >= 8 else (0, 0)
@@ -234,7 +236,9 @@ def _tiles_for(x, per_channel, decay) -> list[int]:
         x.element_size())
     ncb = triton.cdiv(C, bc) if per_channel else 1
     window = _OVERRIDE.get("window", window_for(per_channel, B * ncb, _num_sms(x.device)))
-    want = max(1, (SEG_PER_SM[per_channel] if strip == 2 else 4) * _num_sms(x.device) // max(1, B * ncb))
+    per_sm = SEG_PER_SM[int(per_channel) * (1 + int(channels_last))] if strip == 2 else 4  # int(): dynamo
+    # rejects a bool index
+    want = max(1, per_sm * _num_sms(x.device) // max(1, B * ncb))
     if strip == 2 and strip_b == 1:  # see strip_for: whole sequences
         want = 1
     span = _OVERRIDE.get("span", max(1, triton.cdiv(triton.cdiv(T, bt), want)))
