@@ -66,13 +66,11 @@ def configs():
             if kernel is running_norm_fwd:
                 const = dict(common, HAS_B=full, STORE_SOUT=full and causal, STORE_PREFIX=full)
             else:
-                const = dict(common, HAS_GSOUT=full and causal, STORE_GW=full)
+                const = dict(common, HAS_GSOUT=full and causal, STORE_GW=full, FLIP=pc and last)
             variants = [(const, phase, warps)]
             if mode in (1, 2) and (seg or not full):  # SEG: segment sums, then walks (pooled: on 8 warps)
                 variants += [(dict(const, STRIP=True, SEG=True, SPAN=1, HOLD=True), ph, warps if pc else 8)
                              for ph in (1, 2)]
-            if kernel is running_norm_bwd and strip and mode in (1, 2) and not full:  # PIN: an experiment
-                variants.append((dict(const, PIN=True), phase, warps))
             for const, ph, nw in variants:
                 key = (kernel.fn.__name__, tuple(sorted(const.items())), dt, nw, ph,
                        tuple((k, v == 1, v % 16 == 0) for k, v in sorted(ints.items())))

@@ -253,26 +253,8 @@ def test_segmented_gradients(name, layout, span):
     check_gradients(got, want, F32)
 
 
-@pytest.mark.parametrize("name", ["ccln", "emaln"])
-def test_pinned_strip_backward_gives_the_same_bits(name):
-    """pin=True adds a barrier after a strip backward's loads of its next tile (to keep them early, an
-    experiment): the arithmetic is the same, so the gradients are the same bits, and the reference's."""
-    x, w, b, kw = _walk_case(name, "bct")
-    got = {}
-    for pin in (False, True):
-        with tile_size(block_t=4, block_c=2, strip=True, pin=pin):
-            got[pin] = gradients(name, x, w, b, eps_for(name), **kw)
-    for k, v in got[True].items():
-        assert torch.equal(v, got[False][k]), k
-    check_gradients(got[True], gradients(name, x, w, b, eps_for(name), oracle=True, **kw), F32)
-
-
-@pytest.mark.parametrize("name", ["cln", "emaln"])
-def test_segmented_forward_then_look_back_backward(name, monkeypatch):
-    """Pooled "b t c" forwards walk segments by default on few long sequences, and their backward runs the
-    look-back (bwd_strip): the backward reads only the tiles' prefixes that the forward saved, whichever
-    way it walked. Lengths, an incoming state and a loss on the returned state, against float64."""
-    x, w, b, kw = _walk_case(name, "btc")
+def _spy_launches(monkeypatch):
+    """Record (forward or backward, PHASE, SEG, STRIP, FLIP) of every launch of the template's kernels."""
     launched = []
 
     class Spy:
@@ -281,15 +263,40 @@ def test_segmented_forward_then_look_back_backward(name, monkeypatch):
 
         def __getitem__(self, grid):
             def run(**k):
-                launched.append((self.which, k["PHASE"], k.get("SEG", False), k["STRIP"]))
+                launched.append((self.which, k["PHASE"], k.get("SEG", False), k["STRIP"], k.get("FLIP", False)))
                 return self.kernel[grid](**k)
             return run
     monkeypatch.setattr(launch, "running_norm_fwd", Spy(launch.running_norm_fwd, "fwd"))
     monkeypatch.setattr(launch, "running_norm_bwd", Spy(launch.running_norm_bwd, "bwd"))
+    return launched
+
+
+@pytest.mark.parametrize("name", ["cln", "emaln"])
+def test_segmented_forward_then_look_back_backward(name, monkeypatch):
+    """Pooled "b t c" forwards walk segments by default on few long sequences, and their backward runs the
+    look-back (bwd_strip): the backward reads only the tiles' prefixes that the forward saved, whichever
+    way it walked. Lengths, an incoming state and a loss on the returned state, against float64."""
+    x, w, b, kw = _walk_case(name, "btc")
+    launched = _spy_launches(monkeypatch)
     with tile_size(block_t=4, window=2, strip=2, span=2, bwd_strip=0):
         got = gradients(name, x, w, b, eps_for(name), **kw)
-    assert sorted(set(launched)) == [("bwd", 0, False, False), ("fwd", 1, True, True), ("fwd", 2, True, True)]
+    assert sorted(set(launched)) == [("bwd", 0, False, False, False), ("fwd", 1, True, True, False),
+                                     ("fwd", 2, True, True, False)]
     check_gradients(got, gradients(name, x, w, b, eps_for(name), oracle=True, **kw), F32)
+
+
+@pytest.mark.parametrize("name", ["ccln", "ccemaln"])
+def test_per_channel_channels_last_suffix_sums_flip(name, monkeypatch):
+    """Per-channel "b t c" backwards take their suffix sums as flip, forward scan, flip (FLIP: each thread
+    holds its channels' frames, where a reverse scan would exchange values across lanes); "b c t" ones scan
+    in reverse. Default tiles but 4 frames (segments of one-warp [8, 4] tiles in "b t c"), against float64."""
+    for layout, flip in (("btc", True), ("bct", False)):
+        x, w, b, kw = _walk_case(name, layout)
+        launched = _spy_launches(monkeypatch)
+        with tile_size(block_t=4, span=2):
+            got = gradients(name, x, w, b, eps_for(name), **kw)
+        assert {f for which, *_, f in launched if which == "bwd"} == {flip}, layout
+        check_gradients(got, gradients(name, x, w, b, eps_for(name), oracle=True, **kw), F32)
 
 
 @pytest.mark.parametrize("name, layout", [pytest.param(n, lay, id=f"{n}-{lay}") for n, lay in [

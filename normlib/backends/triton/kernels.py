@@ -69,12 +69,17 @@ def _combine(a, b, c, d, e, f, g, h, LINEAR: tl.constexpr):
 
 @triton.jit
 def _scan(w, m, q, d, N: tl.constexpr, SC: tl.constexpr, AXIS: tl.constexpr, LINEAR: tl.constexpr,
-          REVERSE: tl.constexpr):
+          REVERSE: tl.constexpr, FLIP: tl.constexpr = False):
     """Inclusive scan of [N, SC] (AXIS 0) or [SC, N] (AXIS 1) summaries; REVERSE scans from the end
     (the later element is the older one). With SC == 1 it scans a 1D vector: Triton 3.6's scan lowering
-    asserts on some layouts of a unit dim; a scan over one element is skipped (it is the identity)."""
+    asserts on some layouts of a unit dim; a scan over one element is skipped (it is the identity). FLIP
+    (with REVERSE, SC > 1) reverses, scans forward and reverses back (see _cumsum)."""
     if N == 1:
         return w, m, q, d
+    elif FLIP and REVERSE and SC > 1:
+        w, m, q, d = _scan(tl.flip(w, AXIS), tl.flip(m, AXIS), tl.flip(q, AXIS), tl.flip(d, AXIS), N, SC, AXIS,
+                           LINEAR, False)
+        return tl.flip(w, AXIS), tl.flip(m, AXIS), tl.flip(q, AXIS), tl.flip(d, AXIS)
     elif SC == 1:
         t = (tl.reshape(w, [N]), tl.reshape(m, [N]), tl.reshape(q, [N]), tl.reshape(d, [N]))
         if LINEAR:
@@ -91,10 +96,16 @@ def _scan(w, m, q, d, N: tl.constexpr, SC: tl.constexpr, AXIS: tl.constexpr, LIN
 
 
 @triton.jit
-def _cumsum(v, N: tl.constexpr, SC: tl.constexpr, REVERSE: tl.constexpr):
-    """Inclusive running sums along axis 1 of [SC, N] (REVERSE: from the end), as _scan for SC == 1."""
+def _cumsum(v, N: tl.constexpr, SC: tl.constexpr, REVERSE: tl.constexpr, FLIP: tl.constexpr = False):
+    """Inclusive running sums along axis 1 of [SC, N] (REVERSE: from the end), as _scan for SC == 1.
+    FLIP does a reverse scan as reverse, scan forward, reverse back: free where each thread holds all of
+    its rows' N frames (per-channel "b t c" tiles on one warp), where Triton 3.6's reverse scan exchanges
+    every value across the warp's lanes (320 shuffles for a [128, 8] tile); where frames span lanes the
+    flips go through shared memory and cost more than the reverse scan."""
     if N == 1:
         return v
+    elif FLIP and REVERSE and SC > 1:
+        return tl.flip(tl.cumsum(tl.flip(v, 1), axis=1), 1)
     elif SC == 1:
         return tl.reshape(tl.cumsum(tl.reshape(v, [N]), axis=0, reverse=REVERSE), [1, N])
     else:
@@ -789,7 +800,7 @@ def running_norm_bwd(
     BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr, SPAN: tl.constexpr, WINDOW: tl.constexpr,
     DETERMINISTIC: tl.constexpr = False, AGG_ONLY: tl.constexpr = False, STRIP: tl.constexpr = False,
     HOLD: tl.constexpr = True, VEC_T: tl.constexpr = 1, VEC_C: tl.constexpr = 1, SEG: tl.constexpr = False,
-    PIN: tl.constexpr = False,
+    FLIP: tl.constexpr = False,
 ):
     SC: tl.constexpr = 1 if POOL_ALL else BLOCK_C
     CHAN: tl.constexpr = not POOL_ALL and MODE == 1
@@ -882,8 +893,6 @@ def running_norm_bwd(
             nxt = it - 1 if REV else it + 1
             xn, mn = _load_tile(xb, sxt, sxc, nxt, T, length, offs_c, C, K, BLOCK_T, 0)
             gn, _m = _load_tile(gyb, sgt, sgc, nxt, T, length, offs_c, C, 0.0, BLOCK_T, 0)
-            if PIN:  # keeps the next tile's loads here: with no barrier in the step, ptxas sinks them to its end
-                tl.debug_barrier()  # (per-channel "b c t"), where they overlap nothing (not yet timed)
         elif EARLY:
             xk, msk, gy = tl.where(msk0, x0 - Kt, 0.0), msk0, g0
         else:
@@ -970,10 +979,12 @@ def running_norm_bwd(
         elif MODE == 1 or MODE == 2:
             if MODE == 1:  # plain suffix sums; the tile's totals without a pick (a select per element)
                 au, av, az = tl.sum(U, axis=1), tl.sum(V, axis=1), tl.sum(Z, axis=1)
-                U, V, Z = _cumsum(U, BLOCK_T, SC, True), _cumsum(V, BLOCK_T, SC, True), _cumsum(Z, BLOCK_T, SC, True)
+                U, V, Z = (_cumsum(U, BLOCK_T, SC, True, FLIP), _cumsum(V, BLOCK_T, SC, True, FLIP),
+                           _cumsum(Z, BLOCK_T, SC, True, FLIP))
                 sd = 1.0
             else:
-                U, V, Z, sd = _scan(U, V, Z, d1 + tl.zeros([SC, BLOCK_T], tl.float32), BLOCK_T, SC, 1, True, True)
+                U, V, Z, sd = _scan(U, V, Z, d1 + tl.zeros([SC, BLOCK_T], tl.float32), BLOCK_T, SC, 1, True, True,
+                                    FLIP)
                 is_first = (tl.arange(0, BLOCK_T) == 0)[None, :]
                 au, av, az = _pick(U, is_first), _pick(V, is_first), _pick(Z, is_first)
             eu, ev, ez, ku, kv, kz = _prefix(ws_ptr, rec0, vt, tag, ku, kv, kz, au, av, az, d_tile, offs_s, SC,

@@ -27,7 +27,7 @@ _TILES: dict = {}
 
 @contextlib.contextmanager
 def tile_size(block_t=None, block_c=None, window=None, span=None, walk=None, warps=None, strip=None,
-              bwd_block_c=None, bwd_warps=None, hold=None, bwd_hold=None, bwd_strip=None, pin=None):
+              bwd_block_c=None, bwd_warps=None, hold=None, bwd_hold=None, bwd_strip=None):
     """Force tile sizes (tests use small tiles so that the look-back runs on small inputs); ``walk``
     makes the look-back ignore published prefixes but tile 0's, so it crosses several windows; ``strip``
     forces (True) or forbids (False) one program per sequence in the running modes; ``hold`` forces
@@ -35,12 +35,12 @@ def tile_size(block_t=None, block_c=None, window=None, span=None, walk=None, war
     walks the running modes in cdiv(tiles, span) segments of equal length (SEG: a first launch sums each
     segment, then one program walks each, from the sums of the segments before it, or in the backward after
     it); ``bwd_*`` set the backward's own choices (a pooled backward's BLOCK_C and hold, any backward's
-    warps and strip); ``pin`` puts a barrier after a strip backward's loads of its next tile (PIN)."""
+    warps and strip)."""
     old = dict(_OVERRIDE)
     _OVERRIDE.update({k: v for k, v in dict(block_t=block_t, block_c=block_c, window=window, span=span,
                                             walk=walk, warps=warps, strip=strip, bwd_block_c=bwd_block_c,
                                             bwd_warps=bwd_warps, hold=hold, bwd_hold=bwd_hold,
-                                            bwd_strip=bwd_strip, pin=pin).items()
+                                            bwd_strip=bwd_strip).items()
                       if v is not None})
     try:
         yield
@@ -235,9 +235,13 @@ def tiles_for(x, per_channel, decay=None) -> list[int]:
     return list(tiles)
 
 
+def _channels_last(x) -> bool:
+    return x.stride(1) == 1 and x.stride(2) != 1
+
+
 def _tiles_for(x, per_channel, decay) -> list[int]:
     B, C, T = x.shape
-    channels_last = x.stride(1) == 1 and x.stride(2) != 1
+    channels_last = _channels_last(x)
     bc, bt, warps, strip, hold, bc_b, warps_b, hold_b, strip_b = choose_launch(
         B, C, T, per_channel, channels_last, time_mode(decay), _num_sms(x.device), x.numel() * x.element_size(),
         x.element_size())
@@ -402,7 +406,7 @@ def backward(gy, gsout, x, weight, lengths, sin, pre, *, per_channel, decay, eps
                 HAS_W=weight is not None, HAS_LEN=lengths is not None, HAS_SIN=sin is not None,
                 HAS_GSOUT=gsout is not None, STORE_GW=gwp is not None, EPS_OUTSIDE=eps_outside,
                 **vec_for(x.shape, (x.stride(), gy.stride(), gx.stride())),
-                **({"PIN": True} if _OVERRIDE.get("pin") else {}))
+                FLIP=per_channel and _channels_last(x))  # per-channel "b t c" tiles hold their frames: _cumsum
     else:
         gx.zero_()
         if gwp is not None:
