@@ -56,17 +56,16 @@ def main():
     p.add_argument("--bwd", action="store_true")
     p.add_argument("--bwd-block-c")
     p.add_argument("--bwd-warps")
-    p.add_argument("--pin", help="0, 1: a barrier after a strip backward's next-tile loads (PIN)")
     a = p.parse_args()
     x, spec = case(a)
     gy = torch.randn_like(x)
     t_copy = do_bench(lambda: x.clone(), warmup=5, rep=40, return_mode="median")
     print(f"{a.norm} {a.dtype} {a.layout!r} {a.shape}: copy {t_copy * 1e3:.1f} µs", flush=True)
-    for bt, bc, warps, window, strip, span, bbc, bw, pin in itertools.product(
+    for bt, bc, warps, window, strip, span, bbc, bw in itertools.product(
             ints(a.block_t), ints(a.block_c), ints(a.warps), ints(a.window), ints(a.strip), ints(a.span),
-            ints(a.bwd_block_c), ints(a.bwd_warps), ints(a.pin)):
+            ints(a.bwd_block_c), ints(a.bwd_warps)):
         with launch.tile_size(block_t=bt, block_c=bc, warps=warps, window=window, strip=strip, span=span,
-                              bwd_block_c=bbc, bwd_warps=bw, pin=pin):
+                              bwd_block_c=bbc, bwd_warps=bw):
             tiles = launch.tiles_for(x if a.layout == "b c t" else x.transpose(1, 2), spec.per_channel,
                                     spec.resolve_decay(None))
             try:
@@ -74,7 +73,7 @@ def main():
                     t = do_bench(lambda: norm(spec, x, layout=a.layout, backend="triton"), warmup=5, rep=40,
                                  return_mode="median")
                 line = (f"  tiles {tiles[:5]} strip {tiles[7]} bwd {launch.backward_tiles(tiles)[:3]} "
-                        f"strip {tiles[12]} pin {pin}: "
+                        f"strip {tiles[12]}: "
                         f"fwd {t * 1e3:8.1f} µs  {t_copy / t:.2f} of copy")
                 if a.bwd:
                     xg = x.detach().requires_grad_()
