@@ -647,7 +647,8 @@ def test_per_channel_global_tiles_are_larger():
     assert ct(512, 16000, True, False, None, launch.GLOBAL) == (8, 256, 4)
     assert ct(512, 16000, True, False, None, launch.CUMULATIVE) == (4, 128, 4)
     assert ct(512, 16000, True, True, None, launch.GLOBAL) == ct(512, 16000, True, True, None, launch.FRAME) == (32, 64, 4)
-    assert ct(512, 16000, True, True, None) == (128, 8, 1)  # running modes walk segments (strip_for)
+    assert ct(512, 16000, True, True, None) == (128, 8, 1)  # running modes walk segments (strip_for), each lane
+    assert ct(512, 16000, True, True, None, launch.EMA, 2) == (256, 4, 1)  # holding 16 bytes of channels
     x = make_x(2, 19, 600)
     check_output(tri("instln", dev(x)), dev(x), ref("instln", x), F32, "instln")
 

@@ -80,13 +80,16 @@ def choose_tiles(C, T, per_channel, channels_last, device, mode=CUMULATIVE, elem
     3.46 / 12.8 -> 2.94 / 10.5 -> 2.66 / 9.5, (64, 128, 500) bf16 3.97 / 15.4 -> 3.66 / 15.2 -> 3.18 /
     12.8; (4, 512, 4000) 2.50 / 8.0 -> 2.09 / 6.9 -> 2.27 / 7.1)."""
     c2, t2 = triton.next_power_of_2(max(C, 1)), triton.next_power_of_2(max(T, 1))
-    # per-channel "b t c" running norms walk segments (strip_for) of [128, 8] tiles on one warp: each thread
-    # holds all 8 frames of its 4 channels, so no scan crosses threads (ccln fp32 forward 3.27 -> 2.14
-    # warp-instructions per element, ccemaln 4.66 -> 2.06); [256, 8] spilled in bf16
+    # per-channel "b t c" running norms walk segments (strip_for) on one warp, whose 32 lanes each load 16
+    # bytes of channels (4 fp32, 8 in 16 bits) and hold all the tile's frames of them, so that no scan
+    # crosses lanes: [128, 8] in fp32 (ccln forward 3.27 -> 2.14 warp-instructions per element, ccemaln
+    # 4.66 -> 2.06), [256, 4] in 16 bits, where [128, 8] split each lane's frames over 2 lanes (bf16 ccln
+    # forward 2.91 -> 2.51, backward 3.49 -> 2.35 with FLIP; [256, 8] spilled)
     warps = None
     if per_channel:
         if channels_last and mode in (CUMULATIVE, EMA):  # SEG walks: each thread holds its channels' frames
-            block_c, block_t, warps = min(128, c2), min(t2, 8), 1
+            vec = 16 // elem_size
+            block_c, block_t, warps = min(32 * vec, c2), min(t2, 32 // vec), 1
         elif channels_last:
             block_c, block_t = min(32, c2), min(t2, 64)
         else:
