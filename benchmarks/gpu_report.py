@@ -202,13 +202,27 @@ def op_checks():
     torch.use_deterministic_algorithms(False)
 
 
+def grad_runs(spec):
+    """"3x50x1001,2x128x20000:seg" -> [((3, 50, 1001), None), ((2, 128, 20000), 2)]; None for None."""
+    if not spec:
+        return None
+    runs = []
+    for item in spec.split(","):
+        shape, _, how = item.partition(":")
+        if how not in ("", "seg"):
+            raise ValueError(f"--grad-shapes: expected BxCxT or BxCxT:seg, got {item!r}")
+        runs.append((tuple(int(v) for v in shape.split("x")), 2 if how else None))
+    return runs
+
+
 def gradient_checks(quick, shapes=None, dtypes=("fp32", "bf16")):
-    """Gradients against the float64 reference, and determinism (two runs, identical bits); by default also
-    the running norms walked in segments (SEG) on a few long sequences."""
+    """Gradients against the float64 reference, and determinism (two runs, identical bits), for ``shapes``
+    as [((B, C, T), 2 for the running norms walked in segments (SEG), else None)]; by default three shapes
+    and SEG on a few long sequences."""
     from normlib.backends import triton as tb
     print("== gradients against autograd of the float64 reference; determinism", flush=True)
     torch.use_deterministic_algorithms(True)  # the look-back then combines in a fixed grouping
-    runs = [(s, None) for s in shapes or ()]
+    runs = list(shapes or ())
     if shapes is None:
         runs = [(s, None) for s in ([(3, 50, 1001), (2, 50, 1000), (4, 512, 4000)] if not quick else [(3, 50, 1001)])]
         runs += [] if quick else [((2, 128, 20000), 2)]
@@ -489,7 +503,8 @@ def main():
                         "replayed from CUDA graphs; the small shapes unless --shapes)")
     p.add_argument("--shapes", help="timing shapes as BxCxT,... (default: the issue's six)")
     p.add_argument("--norms", help="timing norms, comma-separated (default: all)")
-    p.add_argument("--grad-shapes", help="gradient-check shapes as BxCxT,... (default: three)")
+    p.add_argument("--grad-shapes", help="gradient-check shapes as BxCxT[:seg],... (default: three, and "
+                                         "2x128x20000:seg, the running norms walked in segments)")
     p.add_argument("--grad-dtypes", default="fp32,bf16", help="gradient-check dtypes")
     p.add_argument("--warm", type=int, default=12, help="processes that compile every row before timing")
     p.add_argument("--table", help="rows-eager.jsonl[,rows-compile.jsonl]: print the markdown table of "
@@ -514,7 +529,7 @@ def main():
     def parse(spec):
         return [tuple(int(v) for v in s.split("x")) for s in spec.split(",")] if spec else None
     if "checks" in stages or "gradchecks" in stages:
-        gradient_checks(a.quick, parse(a.grad_shapes), a.grad_dtypes.split(","))
+        gradient_checks(a.quick, grad_runs(a.grad_shapes), a.grad_dtypes.split(","))
     result = dict(head=head, fails=FAILS)
     shapes = parse(a.shapes)
     norms = a.norms.split(",") if a.norms else None

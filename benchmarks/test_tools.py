@@ -68,3 +68,15 @@ def test_forward_l2_hints_in_its_ptx():
                                 "ld.global.L1::evict_first.L2::cache_hint.v4",
                                 "st.global.L1::evict_first.L2::cache_hint.v4"}
     assert vector_ops(False) == {"ld.global.v4", "st.global.v4"}
+
+
+def test_gpu_report_grad_shapes_select_segmented_rows():
+    """--grad-shapes takes BxCxT, or BxCxT:seg for the running norms walked in segments, so one device call
+    can run just the rows a former call's time limit cut."""
+    import pytest
+
+    from gpu_report import grad_runs
+    assert grad_runs("3x50x1001,2x128x20000:seg") == [((3, 50, 1001), None), ((2, 128, 20000), 2)]
+    assert grad_runs(None) is None
+    with pytest.raises(ValueError, match="grad-shapes"):
+        grad_runs("2x128x20000:strip")
