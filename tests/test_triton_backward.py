@@ -286,16 +286,17 @@ def test_segmented_forward_then_look_back_backward(name, monkeypatch):
 
 
 @pytest.mark.parametrize("name", ["ccln", "ccemaln"])
-def test_per_channel_channels_last_suffix_sums_flip(name, monkeypatch):
-    """Per-channel "b t c" backwards take their suffix sums as flip, forward scan, flip (FLIP: each thread
-    holds its channels' frames, where a reverse scan would exchange values across lanes); "b c t" ones scan
-    in reverse. Default tiles but 4 frames (segments of one-warp [8, 4] tiles in "b t c"), against float64."""
-    for layout, flip in (("btc", True), ("bct", False)):
+def test_per_channel_one_warp_tiles_take_suffix_sums_by_flips(name, monkeypatch):
+    """Per-channel backwards on one-warp tiles (the "b t c" default) take their suffix sums as flip, forward
+    scan, flip (FLIP: a lane holds its channels' frames, where a reverse scan would exchange values across
+    lanes); multi-warp tiles (the "b c t" default) scan in reverse. Default tiles but 4 frames, and "b c t"
+    forced onto one warp, against float64."""
+    for layout, warps, flip in (("btc", None, True), ("bct", None, False), ("bct", 1, True)):
         x, w, b, kw = _walk_case(name, layout)
         launched = _spy_launches(monkeypatch)
-        with tile_size(block_t=4, span=2):
+        with tile_size(block_t=4, span=2, warps=warps):
             got = gradients(name, x, w, b, eps_for(name), **kw)
-        assert {f for which, *_, f in launched if which == "bwd"} == {flip}, layout
+        assert {f for which, *_, f in launched if which == "bwd"} == {flip}, (layout, warps)
         check_gradients(got, gradients(name, x, w, b, eps_for(name), oracle=True, **kw), F32)
 
 

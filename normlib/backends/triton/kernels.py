@@ -98,10 +98,10 @@ def _scan(w, m, q, d, N: tl.constexpr, SC: tl.constexpr, AXIS: tl.constexpr, LIN
 @triton.jit
 def _cumsum(v, N: tl.constexpr, SC: tl.constexpr, REVERSE: tl.constexpr, FLIP: tl.constexpr = False):
     """Inclusive running sums along axis 1 of [SC, N] (REVERSE: from the end), as _scan for SC == 1.
-    FLIP does a reverse scan as reverse, scan forward, reverse back: free where each thread holds all of
-    its rows' N frames (per-channel "b t c" tiles on one warp), where Triton 3.6's reverse scan exchanges
-    every value across the warp's lanes (320 shuffles for a [128, 8] tile); where frames span lanes the
-    flips go through shared memory and cost more than the reverse scan."""
+    FLIP does a reverse scan as reverse, scan forward, reverse back: free where each lane holds all of its
+    rows' N frames (per-channel tiles on one warp: "b t c" [128, 8]), where Triton 3.6's reverse scan
+    exchanges every value across the warp's lanes (320 shuffles for a [128, 8] tile); where frames span
+    many lanes and warps ("b c t" [4, 128]) the flips go through shared memory."""
     if N == 1:
         return v
     elif FLIP and REVERSE and SC > 1:

@@ -238,13 +238,9 @@ def tiles_for(x, per_channel, decay=None) -> list[int]:
     return list(tiles)
 
 
-def _channels_last(x) -> bool:
-    return x.stride(1) == 1 and x.stride(2) != 1
-
-
 def _tiles_for(x, per_channel, decay) -> list[int]:
     B, C, T = x.shape
-    channels_last = _channels_last(x)
+    channels_last = x.stride(1) == 1 and x.stride(2) != 1
     bc, bt, warps, strip, hold, bc_b, warps_b, hold_b, strip_b = choose_launch(
         B, C, T, per_channel, channels_last, time_mode(decay), _num_sms(x.device), x.numel() * x.element_size(),
         x.element_size())
@@ -409,7 +405,7 @@ def backward(gy, gsout, x, weight, lengths, sin, pre, *, per_channel, decay, eps
                 HAS_W=weight is not None, HAS_LEN=lengths is not None, HAS_SIN=sin is not None,
                 HAS_GSOUT=gsout is not None, STORE_GW=gwp is not None, EPS_OUTSIDE=eps_outside,
                 **vec_for(x.shape, (x.stride(), gy.stride(), gx.stride())),
-                FLIP=per_channel and _channels_last(x))  # per-channel "b t c" tiles hold their frames: _cumsum
+                FLIP=per_channel and p.warps == 1)  # one-warp per-channel tiles keep frames in lanes: _cumsum
     else:
         gx.zero_()
         if gwp is not None:
