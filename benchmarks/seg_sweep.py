@@ -2,7 +2,7 @@
 walks (SEG, ``tile_size(strip=2)``) at 4, 8, 16 and 32 walks per SM (or those given), as ratios to a
 copy's time; SEG's y and dx are checked against the default's. Few-sequence shapes first. A last argument
 such as block_c=128,block_t=8,warps=1 forces the segments' tiles (the default keeps its own); layout=bct or
-layout=btc keeps one layout.
+layout=btc keeps one layout, dtype=fp32 or dtype=bf16 one dtype.
 
     PYTHONPATH=.:benchmarks python benchmarks/seg_sweep.py [seconds] [norm,...] [per-SM,...] [BxCxT,...] [k=v,...]
 
@@ -27,11 +27,12 @@ def main():
     norms = sys.argv[2].split(",") if len(sys.argv) > 2 else ["ccln", "cln", "ccemaln", "emaln"]
     force = dict(kv.split("=") for kv in sys.argv[5].split(",")) if len(sys.argv) > 5 else {}
     layouts = {"bct": ("b c t",), "btc": ("b t c",)}.get(force.pop("layout", ""), ("b c t", "b t c"))
+    dtypes = [force.pop("dtype")] if "dtype" in force else ["fp32", "bf16"]
     force = {k: int(v) for k, v in force.items()}
     for (B, C, T) in shapes:
         for name in norms:
             spec = spec_of(name)
-            for dt in ("fp32", "bf16"):
+            for dt in dtypes:
                 for layout in layouts:
                     if time.time() > t_end:
                         return
