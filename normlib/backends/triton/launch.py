@@ -134,8 +134,8 @@ def strip_for(mode, n_seq, n_tiles, per_channel, channels_last, num_sms, nbytes)
     - per-channel "b c t", 16 walks per SM: ccln fp32 (2, 256, 64000) 4.84 -> 2.76 (11.2 -> 8.5), (1, 128,
       256000) 7.96 -> 2.79 (16.7 -> 8.6); at 3.9 sequences per SM, (4, 512, 4000), whole-sequence walks
       beat both: 4.03 -> 2.02 (9.6 -> 6.3), SEG at 8 per SM 2.79;
-    - per-channel "b t c", always, 8 walks per SM, on one-warp [128, 8] tiles (choose_tiles), forward and
-      backward: ccln fp32 (16, 512, 16000) 3.33 -> 1.90 (11.5 -> 7.8), (2, 256, 64000) 5.13 -> 2.64 (15.8 ->
+    - per-channel "b t c", always, 8 walks per SM, on one-warp tiles (choose_tiles), forward and backward,
+      [128, 8]: ccln fp32 (16, 512, 16000) 3.33 -> 1.90 (11.5 -> 7.8), (2, 256, 64000) 5.13 -> 2.64 (15.8 ->
       9.4), (4, 512, 4000) 4.09 -> 2.60 (13.8 -> 9.1), bf16 (16, 512, 16000) 8.0 -> 4.8 (26.2 -> 19.6);
       ccemaln fp32 (2, 256, 64000) 8.75 -> 3.00 (21.3 -> 9.7); (80, 64, 301) ccln 4.6 -> 3.8 (17.2 -> 12.9);
     - pooled "b t c", 4 walks per SM, forward only (its backward lost: x and dy are read twice): cln fp32
