@@ -66,7 +66,7 @@ def configs():
             if kernel is running_norm_fwd:
                 const = dict(common, HAS_B=full, STORE_SOUT=full and causal, STORE_PREFIX=full)
             else:
-                const = dict(common, HAS_GSOUT=full and causal, STORE_GW=full, FLIP=pc and warps == 1)
+                const = dict(common, HAS_GSOUT=full and causal, STORE_GW=full, FLIP=pc and warps == 1 and mode in (1, 2))
             variants = [(const, phase, warps)]
             if mode in (1, 2) and (seg or not full):  # SEG: segment sums, then walks (pooled: on 8 warps)
                 variants += [(dict(const, STRIP=True, SEG=True, SPAN=1, HOLD=True), ph, warps if pc else 8)

@@ -209,9 +209,10 @@ def grad_runs(spec):
     runs = []
     for item in spec.split(","):
         shape, _, how = item.partition(":")
-        if how not in ("", "seg"):
+        dims = shape.split("x")
+        if how not in ("", "seg") or len(dims) != 3 or not all(d.isdigit() for d in dims):
             raise ValueError(f"--grad-shapes: expected BxCxT or BxCxT:seg, got {item!r}")
-        runs.append((tuple(int(v) for v in shape.split("x")), 2 if how else None))
+        runs.append((tuple(int(v) for v in dims), 2 if how else None))
     return runs
 
 

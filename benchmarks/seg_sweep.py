@@ -26,7 +26,7 @@ def main():
         shapes = [tuple(int(v) for v in s.split("x")) for s in sys.argv[4].split(",")]
     norms = sys.argv[2].split(",") if len(sys.argv) > 2 else ["ccln", "cln", "ccemaln", "emaln"]
     force = dict(kv.split("=") for kv in sys.argv[5].split(",")) if len(sys.argv) > 5 else {}
-    layouts = {"bct": ("b c t",), "btc": ("b t c",)}.get(force.pop("layout", ""), ("b c t", "b t c"))
+    layouts = {"bct": ("b c t",), "btc": ("b t c",), "": ("b c t", "b t c")}[force.pop("layout", "")]
     dtypes = [force.pop("dtype")] if "dtype" in force else ["fp32", "bf16"]
     force = {k: int(v) for k, v in force.items()}
     for (B, C, T) in shapes:

@@ -78,5 +78,6 @@ def test_gpu_report_grad_shapes_select_segmented_rows():
     from gpu_report import grad_runs
     assert grad_runs("3x50x1001,2x128x20000:seg") == [((3, 50, 1001), None), ((2, 128, 20000), 2)]
     assert grad_runs(None) is None
-    with pytest.raises(ValueError, match="grad-shapes"):
-        grad_runs("2x128x20000:strip")
+    for bad in ("2x128x20000:strip", "3x50", "3x50x1001,"):
+        with pytest.raises(ValueError, match="grad-shapes"):
+            grad_runs(bad)

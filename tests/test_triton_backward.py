@@ -289,14 +289,16 @@ def test_segmented_forward_then_look_back_backward(name, monkeypatch):
 def test_per_channel_one_warp_tiles_take_suffix_sums_by_flips(name, monkeypatch):
     """Per-channel backwards on one-warp tiles (the "b t c" default) take their suffix sums as flip, forward
     scan, flip (FLIP: a lane holds its channels' frames, where a reverse scan would exchange values across
-    lanes); multi-warp tiles (the "b c t" default) scan in reverse. Default tiles but 4 frames, and "b c t"
-    forced onto one warp, against float64."""
-    for layout, warps, flip in (("btc", None, True), ("bct", None, False), ("bct", 1, True)):
+    lanes); multi-warp tiles (the "b c t" default) scan in reverse. Default tiles ("b t c": [8, 8] on one
+    warp), "b c t" in 4 frames, and those forced onto one warp, in segments of 2 tiles, against float64."""
+    launched = _spy_launches(monkeypatch)
+    for layout, force, flip in (("btc", {}, True), ("bct", dict(block_t=4), False),
+                                ("bct", dict(block_t=4, warps=1), True)):
         x, w, b, kw = _walk_case(name, layout)
-        launched = _spy_launches(monkeypatch)
-        with tile_size(block_t=4, span=2, warps=warps):
+        launched.clear()
+        with tile_size(span=2, **force):
             got = gradients(name, x, w, b, eps_for(name), **kw)
-        assert {f for which, *_, f in launched if which == "bwd"} == {flip}, (layout, warps)
+        assert {f for which, *_, f in launched if which == "bwd"} == {flip}, (layout, force)
         check_gradients(got, gradients(name, x, w, b, eps_for(name), oracle=True, **kw), F32)
 
 

@@ -619,6 +619,11 @@ def test_launcher_walks_sequences_in_one_program_only_when_there_are_enough():
         assert tiles[:3] == [min(128, 1 << (C - 1).bit_length()), 8, 1] and (tiles[7], tiles[12]) == (2, 2)
         assert tiles[4] == -(-(-(-T // 8)) // segs)
     assert launch.tiles_for(dev(btc(2)), True, None)[:3] == [4, 32, 4]  # instln keeps its look-back-free tiles
+    # 16-bit inputs of the same shape get their own tiles (the cache is keyed by dtype too)
+    assert launch.tiles_for(dev(btc(2, 300, 20)), True, 1.0)[:3] == [128, 8, 1]
+    assert launch.tiles_for(dev(btc(2, 300, 20)).half(), True, 1.0)[:3] == [256, 4, 1]
+    with tile_size(block_c=32, block_t=16):  # forced tiles take the warps of their size, unless forced too
+        assert launch.tiles_for(dev(btc(2, 300, 20)), True, 1.0)[:3] == [32, 16, 4]
     x = make_x(2, 200, 300, "b t c", offset=1.0)  # (B, T, C): 38 tiles in segments of 5
     assert launch.plan((2, 200, 300), True, 1.0, launch.tiles_for(dev(x).transpose(1, 2), True, 1.0)).nspan > 1
     for name in ("ccln", "ccemaln"):

@@ -102,6 +102,8 @@ def choose_tiles(C, T, per_channel, channels_last, device, mode=CUMULATIVE, elem
         block_c, block_t = min(c2, 128), min(t2, 128 // elem_size)
     else:
         block_c, block_t = min(c2, 128), min(t2, 64)
+    if "block_c" in _OVERRIDE or "block_t" in _OVERRIDE:  # forced tiles: warps by their size, unless forced too
+        warps = None
     block_c = _OVERRIDE.get("block_c", block_c)
     block_t = _OVERRIDE.get("block_t", block_t)
     return block_c, block_t, _OVERRIDE.get("warps", warps or (8 if block_c * block_t > 8192 else 4))
@@ -228,7 +230,8 @@ def tiles_for(x, per_channel, decay=None) -> list[int]:
     kernel)."""
     if torch.compiler.is_compiling():
         return _tiles_for(x, per_channel, decay)
-    key = (x.shape, x.stride(), per_channel, time_mode(decay), x.device, torch.are_deterministic_algorithms_enabled(),
+    key = (x.shape, x.stride(), x.dtype, per_channel, time_mode(decay), x.device,
+           torch.are_deterministic_algorithms_enabled(),
            tuple(_OVERRIDE.items()))
     tiles = _TILES.get(key)
     if tiles is None:
@@ -405,7 +408,7 @@ def backward(gy, gsout, x, weight, lengths, sin, pre, *, per_channel, decay, eps
                 HAS_W=weight is not None, HAS_LEN=lengths is not None, HAS_SIN=sin is not None,
                 HAS_GSOUT=gsout is not None, STORE_GW=gwp is not None, EPS_OUTSIDE=eps_outside,
                 **vec_for(x.shape, (x.stride(), gy.stride(), gx.stride())),
-                FLIP=per_channel and p.warps == 1)  # one-warp per-channel tiles keep frames in lanes: _cumsum
+                FLIP=per_channel and p.warps == 1 and p.mode in (CUMULATIVE, EMA))  # frames in lanes: _cumsum
     else:
         gx.zero_()
         if gwp is not None:
