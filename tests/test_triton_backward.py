@@ -229,12 +229,12 @@ def test_pooled_backward_chunks_channels_its_own_way(name):
     check_gradients(got, want, F32)
 
 
-def _walk_case(name, layout):
+def _walk_case(name, layout, dtype=F32):
     """(x, w, b, kw) for gradients(): 3 sequences of 19 frames, 5 channels, lengths (one inside a tile, one
     of 1 frame), an incoming state with an empty row and a loss on the returned state."""
     B, C, T = 3, 5, 19
-    x = make_x(B, C, T, LAYOUTS[layout], F32, offset=0.3)
-    w, b = make_affine(C, F32)
+    x = make_x(B, C, T, LAYOUTS[layout], dtype, offset=0.3)
+    w, b = make_affine(C, dtype)
     state = make_state(name, B, C, SD, empty_rows=(1,))
     gy, gs = cotangents(name, x, B, C, True)
     return x, w, b, dict(state=state, gy=gy, gs=gs, layout=LAYOUTS[layout], lengths=torch.tensor([T, 7, 1]))
@@ -285,21 +285,23 @@ def test_segmented_forward_then_look_back_backward(name, monkeypatch):
     check_gradients(got, gradients(name, x, w, b, eps_for(name), oracle=True, **kw), F32)
 
 
+@pytest.mark.parametrize("dtype", [F32, F16], ids=["f32", "f16"])
 @pytest.mark.parametrize("name", ["ccln", "ccemaln"])
-def test_per_channel_one_warp_tiles_take_suffix_sums_by_flips(name, monkeypatch):
+def test_per_channel_one_warp_tiles_take_suffix_sums_by_flips(name, dtype, monkeypatch):
     """Per-channel backwards on one-warp tiles (the "b t c" default) take their suffix sums as flip, forward
     scan, flip (FLIP: a lane holds its channels' frames, where a reverse scan would exchange values across
     lanes); multi-warp tiles (the "b c t" default) scan in reverse. Default tiles ("b t c": [8, 8] on one
-    warp), "b c t" in 4 frames, and those forced onto one warp, in segments of 2 tiles, against float64."""
+    warp in fp32, [8, 4] in fp16), "b c t" in 4 frames, and those forced onto one warp, in segments of 2
+    tiles, against float64."""
     launched = _spy_launches(monkeypatch)
     for layout, force, flip in (("btc", {}, True), ("bct", dict(block_t=4), False),
                                 ("bct", dict(block_t=4, warps=1), True)):
-        x, w, b, kw = _walk_case(name, layout)
+        x, w, b, kw = _walk_case(name, layout, dtype)
         launched.clear()
         with tile_size(span=2, **force):
             got = gradients(name, x, w, b, eps_for(name), **kw)
         assert {f for which, *_, f in launched if which == "bwd"} == {flip}, (layout, force)
-        check_gradients(got, gradients(name, x, w, b, eps_for(name), oracle=True, **kw), F32)
+        check_gradients(got, gradients(name, x, w, b, eps_for(name), oracle=True, **kw), dtype)
 
 
 @pytest.mark.parametrize("name, layout", [pytest.param(n, lay, id=f"{n}-{lay}") for n, lay in [
