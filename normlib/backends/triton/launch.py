@@ -28,7 +28,8 @@ _TILES: dict = {}
 @contextlib.contextmanager
 def tile_size(block_t=None, block_c=None, window=None, span=None, walk=None, warps=None, strip=None,
               bwd_block_c=None, bwd_warps=None, hold=None, bwd_hold=None, bwd_strip=None):
-    """Force tile sizes (tests use small tiles so that the look-back runs on small inputs); ``walk``
+    """Force tile sizes (tests use small tiles so that the look-back runs on small inputs; forced blocks run on
+    the warps their size takes, 4 or 8, unless ``warps`` is forced too); ``walk``
     makes the look-back ignore published prefixes but tile 0's, so it crosses several windows; ``strip``
     forces (True) or forbids (False) one program per sequence in the running modes; ``hold`` forces
     whether a pooled look-back tile holds its first chunk of channels (or reads it again); ``strip=2``
