@@ -126,18 +126,21 @@ def forward_checks(quick):
     print("== more than 2^31 elements (fp16)", flush=True)
     B, C, T = 2, 256, (1 << 22) + 3
     assert B * C * T > 2**31
-    x = make(B, C, T, torch.float16, "b c t", seed=11)
-    # ccln: segments by default (few channel blocks); cln: forced to them
-    for name, strip in ((("cln", None), ("gln", None), ("cln", 2), ("ccln", None)) if not quick else (("gln", None),)):
-        with tb.tile_size(strip=strip):  # 2: in segments (SEG)
-            y = norm(spec_of(name), x, backend="triton")
-        yr = R.REFERENCES[name](x[1:].double())  # the second sequence lies past 2^31 elements
-        e = rel(y[1:], yr)
-        check(f"{name} {B}x{C}x{T} fp16, batch item 1" + (" SEG" if strip else ""), e < TOL[torch.float16],
-              f"{e:.1e}")
-        del y, yr
-    del x
-    torch.cuda.empty_cache()
+    # ccln: segments by default (few channel blocks; in "b t c" on one-warp tiles); cln: forced to them
+    runs = [("b c t", "cln", None), ("b c t", "gln", None), ("b c t", "cln", 2), ("b c t", "ccln", None),
+            ("b t c", "ccln", None)] if not quick else [("b c t", "gln", None)]
+    for layout in ("b c t", "b t c"):
+        x = make(B, C, T, torch.float16, layout, seed=11)
+        for name, strip in [(n, st) for lay, n, st in runs if lay == layout]:
+            with tb.tile_size(strip=strip):  # 2: in segments (SEG)
+                y = norm(spec_of(name), x, layout=layout, backend="triton")
+            yr = R.REFERENCES[name](as_bct(x[1:], layout).double())  # the second sequence lies past 2^31 elements
+            e = rel(as_bct(y[1:], layout), yr)
+            check(f"{name} {B}x{C}x{T} fp16 {layout!r}, batch item 1" + (" SEG" if strip else ""),
+                  e < TOL[torch.float16], f"{e:.1e}")
+            del y, yr
+        del x
+        torch.cuda.empty_cache()
 
 
 def op_checks():
