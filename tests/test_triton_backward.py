@@ -240,12 +240,17 @@ def _walk_case(name, layout, dtype=F32):
     return x, w, b, dict(state=state, gy=gy, gs=gs, layout=LAYOUTS[layout], lengths=torch.tensor([T, 7, 1]))
 
 
-@pytest.mark.parametrize("name, layout, span", [pytest.param(n, lay, sp, id=f"{n}-{lay}-span{sp}") for n in RUNNING
-                                                for lay, sp in (("bct", 2), ("btc", 2), ("bct", 9))])
-def test_segmented_gradients(name, layout, span):
+@pytest.mark.parametrize("name, layout, span, scan", [
+    pytest.param(n, lay, sp, sc, id=f"{n}-{lay}-span{sp}" + "-scan" * sc) for n in RUNNING
+    for lay, sp, sc in (("bct", 2, False), ("btc", 2, False), ("bct", 9, False), ("btc", 1, True))])
+def test_segmented_gradients(name, layout, span, scan, monkeypatch):
     """Forward and backward walked in segments (strip=2: segments of 2 tiles of 4 frames, the last of one,
-    whose sums are read in windows of 2; or one segment, which needs no sums): lengths (one inside a tile, one of 1 frame), an incoming state
-    with an empty row and a loss on the returned state, so that the suffix sums carry dstate's terms."""
+    whose sums are read in windows of 2; or of one tile, their sums merged first by span_scan in blocks of
+    2 segments; or one segment, which needs no sums): lengths (one inside a tile, one of 1 frame), an incoming state with an
+    empty row and a loss on the returned state, so that the suffix sums carry dstate's terms."""
+    if scan:
+        monkeypatch.setattr(launch, "SCAN_SPANS", 1)
+        monkeypatch.setattr(launch, "SCAN_ROWS", 2)
     x, w, b, kw = _walk_case(name, layout)
     with tile_size(block_t=4, window=2, block_c=2, strip=2, span=span):
         got = gradients(name, x, w, b, eps_for(name), **kw)

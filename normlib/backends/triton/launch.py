@@ -9,12 +9,14 @@ from typing import NamedTuple
 import torch
 import triton
 
-from .kernels import running_norm_bwd, running_norm_fwd, sum_partials
+from .kernels import running_norm_bwd, running_norm_fwd, span_scan, sum_partials
 
 FRAME, CUMULATIVE, EMA, GLOBAL = 0, 1, 2, 3
 STRIP_PER_SM = 4  # running modes walk each sequence in one program when there are this many per SM
 STRIP_PER_SM_CH = 3.5  # per-channel "b c t" walks: whole sequences from this many per SM, else segments (SEG)
 SEG_PER_SM = (4, 16, 8)  # segments' walks per SM: pooled, per-channel "b c t", per-channel "b t c"
+SCAN_SPANS = 32  # SEG: above this many segments a sequence, span_scan merges their sums once (see there),
+SCAN_ROWS = 512  # in blocks of this many segments
 SEG_POOLED_SEQ = 2  # pooled "b t c" forwards walk segments of at least 8 tiles up to this many sequences
 GLOBAL_STRIP_BYTES = 32 << 20  # GLOBAL reads x twice in one launch below this size (L2: 50 MB H100, 60 MB H200)
 LEAN_BYTES = {4: 24 << 20, 2: 36 << 20}  # by element size: a pooled look-back forward reads its first chunk
@@ -320,9 +322,16 @@ def _launch(kernel, p: Plan, tiles, x, B, per_channel, **kw):
         kernel[(B * p.ncb * p.nt,)](**kw, ws_ptr=x, ctr_ptr=x, **sizes, PHASE=0, SPAN=1, **flags)
     elif tiles[7] == 2:  # SEG: each program sums a segment, then each walks one (one segment: nothing to sum)
         ws = torch.empty(B * p.ncb * p.nspan * 3 * p.sc, dtype=torch.float32, device=x.device)
+        scanned = p.nspan > SCAN_SPANS
         for phase in (1, 2) if p.nspan > 1 else (2,):
+            if phase == 2 and scanned:
+                bs = min(p.sc, 4)
+                span_scan[(B * p.ncb, triton.cdiv(p.sc, bs))](
+                    ws, p.nspan, p.log2d * p.block_t * triton.cdiv(p.nt, p.nspan), SC=p.sc,
+                    BLOCK_R=min(SCAN_ROWS, triton.next_power_of_2(p.nspan)), BLOCK_S=bs,
+                    LINEAR=kernel is running_norm_bwd, num_warps=4)
             kernel[(B * p.ncb * p.nspan,)](**kw, ws_ptr=ws, ctr_ptr=ws, **sizes, PHASE=phase, SPAN=1, SEG=True,
-                                           **flags)
+                                           SCANNED=phase == 2 and scanned, **flags)
     elif strip:  # one program per sequence walks its tiles
         kernel[(B * p.ncb,)](**kw, ws_ptr=x, ctr_ptr=x, **sizes, PHASE=0, SPAN=1, **flags)
     else:
