@@ -248,12 +248,23 @@ def test_segmented_gradients(name, layout, span, scan, monkeypatch):
     whose sums are read in windows of 2; or of one tile, their sums merged first by span_scan in blocks of
     2 segments; or one segment, which needs no sums): lengths (one inside a tile, one of 1 frame), an incoming state with an
     empty row and a loss on the returned state, so that the suffix sums carry dstate's terms."""
+    scans = []
     if scan:
         monkeypatch.setattr(launch, "SCAN_SPANS", 1)
         monkeypatch.setattr(launch, "SCAN_ROWS", 2)
+        real = launch.span_scan
+
+        class Spy:
+            def __getitem__(self, grid):
+                def run(*a, **k):
+                    scans.append((a[1], k["LINEAR"]))
+                    return real[grid](*a, **k)
+                return run
+        monkeypatch.setattr(launch, "span_scan", Spy())
     x, w, b, kw = _walk_case(name, layout)
     with tile_size(block_t=4, window=2, block_c=2, strip=2, span=span):
         got = gradients(name, x, w, b, eps_for(name), **kw)
+    assert scans == ([(5, False), (5, True)] if scan else [])  # 5 segments: forward, then backward
     want = gradients(name, x, w, b, eps_for(name), oracle=True, **kw)
     check_gradients(got, want, F32)
 
@@ -296,11 +307,11 @@ def test_per_channel_one_warp_tiles_take_suffix_sums_by_flips(name, dtype, monke
     """Per-channel backwards on one-warp tiles (the "b t c" default) take their suffix sums as flip, forward
     scan, flip (FLIP: a lane holds its channels' frames, where a reverse scan would exchange values across
     lanes); multi-warp tiles (the "b c t" default) scan in reverse. Default tiles ("b t c": [8, 8] on one
-    warp in fp32, [8, 4] in fp16), "b c t" in 4 frames, and those forced onto one warp, in segments of 2
-    tiles, against float64."""
+    warp; 16-bit tiles of 128 channels or more take 4 frames, so also forced to 4), "b c t" in 4 frames,
+    and those forced onto one warp, in segments of 2 tiles, against float64."""
     launched = _spy_launches(monkeypatch)
-    for layout, force, flip in (("btc", {}, True), ("bct", dict(block_t=4), False),
-                                ("bct", dict(block_t=4, warps=1), True)):
+    for layout, force, flip in (("btc", {}, True), ("btc", dict(block_t=4, warps=1), True),
+                                ("bct", dict(block_t=4), False), ("bct", dict(block_t=4, warps=1), True)):
         x, w, b, kw = _walk_case(name, layout, dtype)
         launched.clear()
         with tile_size(span=2, **force):

@@ -622,6 +622,8 @@ def test_launcher_walks_sequences_in_one_program_only_when_there_are_enough():
     # 16-bit inputs of the same shape get their own tiles (the cache is keyed by dtype too)
     assert launch.tiles_for(dev(btc(2, 300, 20)), True, 1.0)[:3] == [128, 8, 1]
     assert launch.tiles_for(dev(btc(2, 300, 20)).half(), True, 1.0)[:3] == [256, 4, 1]
+    assert launch.tiles_for(dev(btc(2, 100, 20)).half(), True, 1.0)[:3] == [128, 4, 1]
+    assert launch.tiles_for(dev(btc(2, 60, 20)).half(), True, 1.0)[:3] == [64, 8, 1]  # 4 frames: one a lane
     with tile_size(block_c=32, block_t=16):  # forced tiles take the warps of their size, unless forced too
         assert launch.tiles_for(dev(btc(2, 300, 20)), True, 1.0)[:3] == [32, 16, 4]
     x = make_x(2, 200, 300, "b t c", offset=1.0)  # (B, T, C): 38 tiles in segments of 5

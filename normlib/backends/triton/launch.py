@@ -87,12 +87,15 @@ def choose_tiles(C, T, per_channel, channels_last, device, mode=CUMULATIVE, elem
     # bytes of channels (4 fp32, 8 in 16 bits) and hold all the tile's frames of them, so that no scan
     # crosses lanes: [128, 8] in fp32 (ccln forward 3.27 -> 2.14 warp-instructions per element, ccemaln
     # 4.66 -> 2.06), [256, 4] in 16 bits, where [128, 8] split each lane's frames over 2 lanes (bf16 ccln
-    # forward 2.91 -> 2.51, backward 3.49 -> 2.35 with FLIP; [256, 8] spilled)
+    # forward 2.91 -> 2.51, backward 3.49 -> 2.35 with FLIP; [256, 8] spilled; H200, forward / step times a
+    # copy's, [128, 8] -> [256, 4]: ccln (16, 512, 16000) 4.82 / 19.65 -> 3.90 / 15.08). With 128 channels
+    # [128, 4] (ccemaln: [128, 8] spilled); with 64 or fewer 4 frames would put one frame in a lane, and 8
+    # were faster (bf16 (80, 64, 301): ccln 5.31 / 14.7 at [64, 8], 6.89 / 19.0 at [64, 4]).
     warps = None
     if per_channel:
         if channels_last and mode in (CUMULATIVE, EMA):  # SEG walks: each thread holds its channels' frames
             vec = 16 // elem_size
-            block_c, block_t, warps = min(32 * vec, c2), min(t2, 32 // vec), 1
+            block_c, block_t, warps = min(32 * vec, c2), min(t2, 32 // vec if c2 >= 16 * vec else 8), 1
         elif channels_last:
             block_c, block_t = min(32, c2), min(t2, 64)
         else:
