@@ -29,7 +29,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from normlib.backends.triton import launch
-from normlib.backends.triton.kernels import running_norm_bwd, running_norm_fwd, sum_partials
+from normlib.backends.triton.kernels import running_norm_bwd, running_norm_fwd, span_scan, sum_partials
 
 SHAPES = [(16, 512, 16000), (2, 256, 64000), (1, 128, 256000), (4, 512, 4000), (80, 64, 301), (64, 128, 500),
           (3, 50, 1001), (2, 64, 1)]
@@ -68,15 +68,18 @@ def configs():
             else:
                 const = dict(common, HAS_GSOUT=full and causal, STORE_GW=full, FLIP=pc and warps == 1 and mode in (1, 2))
             variants = [(const, phase, warps)]
-            if mode in (1, 2) and (seg or not full):  # SEG: segment sums, then walks (pooled: on 8 warps)
-                variants += [(dict(const, STRIP=True, SEG=True, SPAN=1, HOLD=True), ph, warps if pc else 8)
-                             for ph in (1, 2)]
+            if mode in (1, 2) and (seg or not full):  # SEG: segment sums, then walks (pooled: on 8 warps),
+                # their prefixes combined by the walk or read from span_scan's records
+                variants += [(dict(const, STRIP=True, SEG=True, SPAN=1, HOLD=True, SCANNED=sc), ph,
+                              warps if pc else 8) for ph, sc in ((1, False), (2, False), (2, True))]
             for const, ph, nw in variants:
                 key = (kernel.fn.__name__, tuple(sorted(const.items())), dt, nw, ph,
                        tuple((k, v == 1, v % 16 == 0) for k, v in sorted(ints.items())))
                 if key not in seen:
                     seen.add(key)
                     yield kernel, dict(const, PHASE=ph), ints, dt, nw, ph == 1
+    for sc, lin in itertools.product((1, 4, 64, 128, 256), (False, True)):  # SEG's segment records
+        yield span_scan, dict(SC=sc, BLOCK_R=512, BLOCK_S=min(sc, 4), LINEAR=lin), dict(NSPAN=528, B=0, C=0, T=0, sxc=0), "fp32", 4, True
     for R, C in ((4000, 512), (37, 50)):  # the weight partials' sum: sizes that are multiples of 16, and not
         yield sum_partials, dict(BLOCK_R=512, BLOCK_C=8), dict(R=R, C=C, B=0, T=0, sxc=0), "fp32", 4, False
 
@@ -95,7 +98,7 @@ def compile_one(args):
             t = PTR[n]
             sig[n] = {"X": f"*{dt}", "WS": "*fp32" if phase1 or const.get("PHASE") == 2 else "*i64"}.get(t, t)
             attrs[(i,)] = [["tt.divisibility", 16]]
-        elif n in ("log2d", "eps"):
+        elif n in ("log2d", "eps", "log2d_span"):
             sig[n] = "fp32"
         elif ints[n] == 1:
             sig[n], c[n] = "constexpr", 1
