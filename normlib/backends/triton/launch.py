@@ -15,8 +15,9 @@ FRAME, CUMULATIVE, EMA, GLOBAL = 0, 1, 2, 3
 STRIP_PER_SM = 4  # running modes walk each sequence in one program when there are this many per SM
 STRIP_PER_SM_CH = 3.5  # per-channel "b c t" walks: whole sequences from this many per SM, else segments (SEG)
 SEG_PER_SM = (4, 16, 8)  # segments' walks per SM: pooled, per-channel "b c t", per-channel "b t c"
-SCAN_SPANS = 32  # SEG: above this many segments a sequence, span_scan merges their sums once (see there),
-SCAN_ROWS = 512  # in blocks of this many segments
+# SEG: above this many segments a sequence, span_scan merges their sums once (see there), in blocks of
+# SCAN_ROWS; below, each walk combines the others itself, in a few windows of records: cheaper than a launch
+SCAN_SPANS, SCAN_ROWS = 32, 512
 SEG_POOLED_SEQ = 2  # pooled "b t c" forwards walk segments of at least 8 tiles up to this many sequences
 GLOBAL_STRIP_BYTES = 32 << 20  # GLOBAL reads x twice in one launch below this size (L2: 50 MB H100, 60 MB H200)
 LEAN_BYTES = {4: 24 << 20, 2: 36 << 20}  # by element size: a pooled look-back forward reads its first chunk
