@@ -78,8 +78,9 @@ def configs():
                 if key not in seen:
                     seen.add(key)
                     yield kernel, dict(const, PHASE=ph), ints, dt, nw, ph == 1
-    for sc, lin in itertools.product((1, 4, 64, 128, 256), (False, True)):  # SEG's segment records
-        yield span_scan, dict(SC=sc, BLOCK_R=512, BLOCK_S=min(sc, 4), LINEAR=lin), dict(NSPAN=528, B=0, C=0, T=0, sxc=0), "fp32", 4, True
+    for sc, lin, rows in itertools.product((1, 4, 64, 128, 256), (False, True), (64, 512)):  # SEG's records
+        yield (span_scan, dict(SC=sc, BLOCK_R=rows, BLOCK_S=min(sc, 4), LINEAR=lin),
+               dict(NSPAN=528, B=0, C=0, T=0, sxc=0), "fp32", 4, True)
     for R, C in ((4000, 512), (37, 50)):  # the weight partials' sum: sizes that are multiples of 16, and not
         yield sum_partials, dict(BLOCK_R=512, BLOCK_C=8), dict(R=R, C=C, B=0, T=0, sxc=0), "fp32", 4, False
 

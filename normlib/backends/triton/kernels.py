@@ -1063,7 +1063,7 @@ def span_scan(ws_ptr, NSPAN, log2d_span, SC: tl.constexpr, BLOCK_R: tl.constexpr
               LINEAR: tl.constexpr):
     """SEG's segment summaries [seq, NSPAN, 3, SC] into running ones, in place, so that a walk reads one
     record for its prefix instead of combining all the segments before it (work quadratic in NSPAN: ccln
-    (2, 256, 64000) bf16 "b t c" read 0.86 GB of records for 65 MB of x at 528 segments a sequence; on the
+    (2, 256, 64000) bf16 "b t c" read 0.82 GB of records for 65 MB of x at 517 segments a sequence; on the
     H200 its forward went from 8.07 to 4.48 times a copy's time, (1, 128, 256000) fp32 from 4.96 to 2.55). One
     program per sequence and BLOCK_S statistics, in a fixed order (deterministic). Forward (Chan merges):
     record j becomes segments 0..j merged, each decaying those before it by d_span. Backward (LINEAR, from

@@ -16,7 +16,8 @@ STRIP_PER_SM = 4  # running modes walk each sequence in one program when there a
 STRIP_PER_SM_CH = 3.5  # per-channel "b c t" walks: whole sequences from this many per SM, else segments (SEG)
 SEG_PER_SM = (4, 16, 8)  # segments' walks per SM: pooled, per-channel "b c t", per-channel "b t c"
 # SEG: above this many segments a sequence, span_scan merges their sums once (see there), in blocks of
-# SCAN_ROWS; below, each walk combines the others itself, in a few windows of records: cheaper than a launch
+# SCAN_ROWS; below, each walk combines the others itself, in a few windows of records, with no launch more
+# (not swept: the rows timed had 16 segments, or 259 and more)
 SCAN_SPANS, SCAN_ROWS = 32, 512
 SEG_POOLED_SEQ = 2  # pooled "b t c" forwards walk segments of at least 8 tiles up to this many sequences
 GLOBAL_STRIP_BYTES = 32 << 20  # GLOBAL reads x twice in one launch below this size (L2: 50 MB H100, 60 MB H200)
@@ -308,7 +309,7 @@ def _workspace(device, n_words):
     return ws, ctr
 
 
-def _launch(kernel, p: Plan, tiles, x, B, per_channel, **kw):
+def _launch(kernel, p: Plan, tiles, x, B, per_channel, backward=False, **kw):
     """Run the kernel: one launch with the look-back, or GLOBAL's two, or a plain grid for FRAME, or a
     strip walk of each sequence, or SEG's two (segment sums, then walks of the segments)."""
     strip = bool(tiles[7])
@@ -333,7 +334,7 @@ def _launch(kernel, p: Plan, tiles, x, B, per_channel, **kw):
                 span_scan[(B * p.ncb, triton.cdiv(p.sc, bs))](
                     ws, p.nspan, p.log2d * p.block_t * triton.cdiv(p.nt, p.nspan), SC=p.sc,
                     BLOCK_R=min(SCAN_ROWS, triton.next_power_of_2(p.nspan)), BLOCK_S=bs,
-                    LINEAR=kernel is running_norm_bwd, num_warps=4)
+                    LINEAR=backward, num_warps=4)
             kernel[(B * p.ncb * p.nspan,)](**kw, ws_ptr=ws, ctr_ptr=ws, **sizes, PHASE=phase, SPAN=1, SEG=True,
                                            SCANNED=phase == 2 and scanned, **flags)
     elif strip:  # one program per sequence walks its tiles
@@ -413,7 +414,7 @@ def backward(gy, gsout, x, weight, lengths, sin, pre, *, per_channel, decay, eps
         sin = None
     gwp = torch.empty(2, B, p.nt, C, dtype=torch.float32, device=x.device) if need_weight_grads else None
     if x.numel():
-        _launch(running_norm_bwd, p, tiles, x, B, per_channel, x_ptr=x, gy_ptr=gy, gx_ptr=gx,
+        _launch(running_norm_bwd, p, tiles, x, B, per_channel, backward=True, x_ptr=x, gy_ptr=gy, gx_ptr=gx,
                 w_ptr=_or(weight, gx), len_ptr=_or(lengths, gx), sin_ptr=_or(sin, gx),
                 gsout_ptr=_or(gsout, gx), gsin_ptr=_or(gsin if sin is not None else None, gx), pre_ptr=pre,
                 gwp_ptr=gwp[0] if gwp is not None else gx, gbp_ptr=gwp[1] if gwp is not None else gx,
