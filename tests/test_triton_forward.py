@@ -466,6 +466,35 @@ def test_per_channel_sums_shifted_by_a_tile_value_stay_accurate(layout):
     assert_rel(xd.grad, x64.grad, 1e-4, "dx")
 
 
+@pytest.mark.parametrize("strip", [0, 1, 2], ids=["lookback", "strip", "seg"])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_per_channel_sums_shifted_by_the_prefix_mean_stay_accurate(layout, strip):
+    """A walk (strip, SEG) and the backward shift ccln's in-tile sums by the prefix's mean (_chan_frames):
+    the worst case is a light prefix far from the tile's values, here an incoming state of weight 1 whose
+    mean sits 100 spreads below the data, then a step of 100 spreads mid-tile, under a DC offset of 1e3.
+    Look-back tiles (strip 0) shift by the tile's first value. Against float64: y, the state, dx."""
+    B, C, T = 2, 3, 70
+    g = torch.Generator().manual_seed(11)
+    x = 1e3 + 1e-2 * torch.randn(B, C, T, dtype=torch.float64, generator=g)
+    x[..., 40:] += 1.0
+    state = normlib.NormState(torch.ones(B, C, dtype=torch.float64), torch.full((B, C), 999.0, dtype=torch.float64),
+                              torch.full((B, C), 1e-4, dtype=torch.float64)).to(SD)
+    x = x.to(F32)
+    if layout == "btc":
+        x = x.transpose(1, 2).contiguous()
+    xd = dev(x).detach().clone().requires_grad_()
+    gy = torch.randn(x.shape, dtype=torch.float64, generator=g)
+    with tile_size(block_t=32, window=2, strip=strip, span=1):
+        y, s = tri("ccln", xd, layout=LAYOUTS[layout], state=dev_state(state), return_state=True)
+        (y.double() * dev(gy)).sum().backward()
+    x64 = x.detach().double().requires_grad_()
+    y_ref, s_ref = ref("ccln", x64, layout=LAYOUTS[layout], state=state, return_state=True)
+    (y_ref * gy).sum().backward()
+    assert_rel(y, y_ref, TOL[F32], "y")
+    assert_rel(s.m2, s_ref.m2, STATE_TOL, "state.m2")
+    assert_rel(xd.grad, x64.grad, 1e-4, "dx")
+
+
 # ---------------------------------------------------------------------------------------------------
 # Gradients: the Triton path's backward against the torch backend's autograd
 # ---------------------------------------------------------------------------------------------------

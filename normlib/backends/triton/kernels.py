@@ -515,6 +515,30 @@ def _local_sums(n, fm, fq, log2d, nv, BLOCK_T: tl.constexpr, SC: tl.constexpr, P
 
 
 @triton.jit
+def _chan_frames(x, n, nv, pw, pm, pq, BLOCK_T: tl.constexpr, SC: tl.constexpr):
+    """Per-channel CUMULATIVE (CHAN) statistics of every frame of a tile whose incoming prefix (pw, pm, pq)
+    [SC] is known (a walk's carry, or the prefix the forward saved for the backward): (w, mean, M2, var,
+    1/w) [SC, BLOCK_T] and the tile's aggregate (aw, am, aq) [SC]. Float32 running sums S1, S2 of x - s,
+    s the prefix's mean (0 for an empty prefix: x is shifted by its sequence's first frame), give in closed
+    form Chan's merge of the prefix with frames 0..t (k of them): W = pw + k, mean = s + S1 / W, M2 = pq +
+    S2 - S1^2 / W; S2 - S1^2 / W loses at most log2(1 + k / pw) bits, as _local_sums' shift does with
+    log2(1 + k) (frames from the tile's first value). Against _local_sums and _with_prefix, half the
+    arithmetic a frame (ccln's walk: 13 instructions an element less) and no select."""
+    ts = tl.arange(0, BLOCK_T)[None, :]
+    s = tl.where(pw > 0, pm, 0.0)
+    u = tl.where(n > 0, x - s[:, None], 0.0)
+    s1, s2 = _cumsum(u, BLOCK_T, SC, False), _cumsum(u * u, BLOCK_T, SC, False)
+    w = pw[:, None] + (tl.minimum(ts + 1, nv) + tl.zeros([SC, BLOCK_T], tl.int32)).to(tl.float32)
+    rw = 1.0 / tl.where(w > 0, w, 1.0)
+    a = s1 * rw
+    m2 = tl.maximum(pq[:, None] + s2 - s1 * a, 0.0)
+    a1, a2 = tl.sum(u, axis=1), tl.sum(u * u, axis=1)  # the tile's totals as plain sums, as _local_sums
+    nvf = nv.to(tl.float32) + tl.zeros([SC], tl.float32)
+    am = a1 / tl.maximum(nvf, 1.0)
+    return w, s[:, None] + a, m2, m2 * rw, rw, nvf, s + am, tl.maximum(a2 - a1 * am, 0.0)
+
+
+@triton.jit
 def _moments(w, s1, s2):
     """Float64 sums (W, S1, S2) -> float32 (w, mean, M2, var, 1/w). 1/W: float32, then a float64 Newton
     step."""
@@ -750,7 +774,17 @@ def running_norm_fwd(
                 xc, mc = _load(px, sxc, c0, offs_c, C, m_t, Kt, AGAIN)
                 cw_, cm_, cq_ = _frame_stats(xc, mc, m_t, c0, C, BLOCK_C, POOL_ALL)
                 sw, sm, sq, _d = merge(sw, sm, sq, 1.0, cw_, cm_, cq_, 1.0)
-            if MODE != 0:
+            if MODE != 0 and CHAN and STRIP:  # a walk knows its prefix (the carry) first: _chan_frames
+                sw, sm, sq, var, _r, aw, am, aq = _chan_frames(sm, _frame_weight(sw, m_t, POOL_ALL),
+                                                               _valid_frames(t0, T, length, BLOCK_T), cw, cm, cq,
+                                                               BLOCK_T, SC)
+                pw, pm, pq, cw, cm, cq = _prefix(ws_ptr, rec0, it, tag, cw, cm, cq, aw, am, aq, d_tile, offs_s,
+                                                 SC, WINDOW, AGG_ONLY, DETERMINISTIC, False, STRIP)
+                if STORE_PREFIX:
+                    tl.store(ppre, pw)
+                    tl.store(ppre + SC, pm)
+                    tl.store(ppre + 2 * SC, pq)
+            elif MODE != 0:
                 # running sums inside the tile, then its prefix: carried, the incoming state, or look-back
                 lw, l1, l2, D, L, aw, am, aq = _local_sums(_frame_weight(sw, m_t, POOL_ALL), sm, sq, log2d,
                                                         _valid_frames(t0, T, length, BLOCK_T), BLOCK_T,
@@ -945,7 +979,12 @@ def running_norm_bwd(
                 A = A + ca
                 sw, sm, sq = nw, nm, nq
             fm = sm  # each frame's own mean
-            if MODE != 0:
+            if MODE != 0 and CHAN:  # the saved prefix is known first: _chan_frames
+                ppt = ppre + it.to(tl.int64) * (3 * SC)
+                sw, sm, sq, var, rW, _w, _a, _b = _chan_frames(sm, _frame_weight(sw, m_t, POOL_ALL),
+                                                               _valid_frames(t0, T, length, BLOCK_T), tl.load(ppt),
+                                                               tl.load(ppt + SC), tl.load(ppt + 2 * SC), BLOCK_T, SC)
+            elif MODE != 0:
                 lw, l1, l2, D, L, _w, _a, _b = _local_sums(_frame_weight(sw, m_t, POOL_ALL), sm, sq, log2d,
                                                         _valid_frames(t0, T, length, BLOCK_T), BLOCK_T,
                                                         SC, POOL_ALL, MODE)
