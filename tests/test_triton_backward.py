@@ -246,8 +246,9 @@ def _walk_case(name, layout, dtype=F32):
 def test_segmented_gradients(name, layout, span, scan, monkeypatch):
     """Forward and backward walked in segments (strip=2: segments of 2 tiles of 4 frames, the last of one,
     whose sums are read in windows of 2; or of one tile, their sums merged first by span_scan in blocks of
-    2 segments; or one segment, which needs no sums): lengths (one inside a tile, one of 1 frame), an incoming state with an
-    empty row and a loss on the returned state, so that the suffix sums carry dstate's terms."""
+    2 segments; or one segment, which needs no sums): lengths (one inside a tile, one of 1 frame), an
+    incoming state with an empty row and a loss on the returned state, so that the suffix sums carry
+    dstate's terms."""
     scans = []
     if scan:
         monkeypatch.setattr(launch, "SCAN_SPANS", 1)

@@ -477,8 +477,8 @@ def test_per_channel_sums_shifted_by_the_prefix_mean_stay_accurate(layout, strip
     g = torch.Generator().manual_seed(11)
     x = 1e3 + 1e-2 * torch.randn(B, C, T, dtype=torch.float64, generator=g)
     x[..., 40:] += 1.0
-    state = normlib.NormState(torch.ones(B, C, dtype=torch.float64), torch.full((B, C), 999.0, dtype=torch.float64),
-                              torch.full((B, C), 1e-4, dtype=torch.float64)).to(SD)
+    full = lambda v: torch.full((B, C), v, dtype=torch.float64)  # noqa: E731
+    state = normlib.NormState(full(1.0), full(999.0), full(1e-4)).to(SD)
     x = x.to(F32)
     if layout == "btc":
         x = x.transpose(1, 2).contiguous()

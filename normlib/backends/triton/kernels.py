@@ -481,9 +481,10 @@ def _local_sums(n, fm, fq, log2d, nv, BLOCK_T: tl.constexpr, SC: tl.constexpr, P
     Pooled and EMA: float64 sums of the K-shifted values, W = sum d^(t-tau) n, S1 = sum d^(t-tau) n m,
     S2 = sum d^(t-tau) (M2 + n m^2) over the frames' (n, m, M2) ([1, BLOCK_T] pooled, [SC, BLOCK_T] per
     channel, where ``n`` is [1, BLOCK_T]): a scan of additions, where a scan of Chan merges costs a division
-    per step. Per-channel CUMULATIVE (CHAN): float32 count and sums of x - L over frames 0..t, L the tile's
-    first value; as L is one of the values, sum (x - L)^2 is at most (1 + n) times M2 (n frames), so M2 from these
-    sums loses at most log2(1 + BLOCK_T) bits, and no float64 runs per element."""
+    per step. Per-channel CUMULATIVE (CHAN) look-back tiles (walks and the backward know their prefix first:
+    _chan_frames): float32 count and sums of x - L over frames 0..t, L the tile's first value; as L is
+    one of the values, sum (x - L)^2 is at most (1 + n) times M2 (n frames), so M2 from these sums loses at
+    most log2(1 + BLOCK_T) bits, and no float64 runs per element."""
     ts = tl.arange(0, BLOCK_T)[None, :]
     D = 1.0  # CUMULATIVE: nothing decays
     if MODE == 2:
