@@ -775,28 +775,28 @@ def running_norm_fwd(
                 xc, mc = _load(px, sxc, c0, offs_c, C, m_t, Kt, AGAIN)
                 cw_, cm_, cq_ = _frame_stats(xc, mc, m_t, c0, C, BLOCK_C, POOL_ALL)
                 sw, sm, sq, _d = merge(sw, sm, sq, 1.0, cw_, cm_, cq_, 1.0)
-            if MODE != 0 and CHAN and STRIP:  # a walk knows its prefix (the carry) first: _chan_frames
-                sw, sm, sq, var, _r, aw, am, aq = _chan_frames(sm, _frame_weight(sw, m_t, POOL_ALL),
-                                                               _valid_frames(t0, T, length, BLOCK_T), cw, cm, cq,
-                                                               BLOCK_T, SC)
+            if MODE != 0:
+                # running sums inside the tile, then its prefix: carried, the incoming state, or look-back; a
+                # ccln walk knows its prefix (the carry) first and shifts its sums by its mean (_chan_frames)
+                WALK_CHAN: tl.constexpr = CHAN and STRIP
+                if WALK_CHAN:
+                    kw_, km_, kq_, kvar, _r, aw, am, aq = _chan_frames(sm, _frame_weight(sw, m_t, POOL_ALL),
+                                                                       _valid_frames(t0, T, length, BLOCK_T), cw,
+                                                                       cm, cq, BLOCK_T, SC)
+                else:
+                    lw, l1, l2, D, L, aw, am, aq = _local_sums(_frame_weight(sw, m_t, POOL_ALL), sm, sq, log2d,
+                                                            _valid_frames(t0, T, length, BLOCK_T), BLOCK_T,
+                                                            SC, POOL_ALL, MODE)
                 pw, pm, pq, cw, cm, cq = _prefix(ws_ptr, rec0, it, tag, cw, cm, cq, aw, am, aq, d_tile, offs_s,
                                                  SC, WINDOW, AGG_ONLY, DETERMINISTIC, False, STRIP)
                 if STORE_PREFIX:
                     tl.store(ppre, pw)
                     tl.store(ppre + SC, pm)
                     tl.store(ppre + 2 * SC, pq)
-            elif MODE != 0:
-                # running sums inside the tile, then its prefix: carried, the incoming state, or look-back
-                lw, l1, l2, D, L, aw, am, aq = _local_sums(_frame_weight(sw, m_t, POOL_ALL), sm, sq, log2d,
-                                                        _valid_frames(t0, T, length, BLOCK_T), BLOCK_T,
-                                                        SC, POOL_ALL, MODE)
-                pw, pm, pq, cw, cm, cq = _prefix(ws_ptr, rec0, it, tag, cw, cm, cq, aw, am, aq, d_tile, offs_s,
-                                                 SC, WINDOW, AGG_ONLY, DETERMINISTIC, False, STRIP)
-                if STORE_PREFIX:
-                    tl.store(ppre, pw)
-                    tl.store(ppre + SC, pm)
-                    tl.store(ppre + 2 * SC, pq)
-                sw, sm, sq, var, _r = _with_prefix(lw, l1, l2, D, L, pw, pm, pq, CHAN)
+                if WALK_CHAN:
+                    sw, sm, sq, var = kw_, km_, kq_, kvar
+                else:
+                    sw, sm, sq, var, _r = _with_prefix(lw, l1, l2, D, L, pw, pm, pq, CHAN)
             else:
                 var = sq / tl.where(sw > 0, sw, 1.0)
             mean = sm
