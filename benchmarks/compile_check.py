@@ -68,6 +68,8 @@ def configs():
             else:
                 const = dict(common, HAS_GSOUT=full and causal, STORE_GW=full, FLIP=pc and warps == 1 and mode in (1, 2))
             variants = [(const, phase, warps)]
+            if mode == 3 and phase == 2 and not strip:  # GLOBAL tiles that read span_scan's totals
+                variants.append((dict(const, SCANNED=True), phase, warps))
             if mode in (1, 2) and (seg or not full):  # SEG: segment sums, then walks (pooled: on 8 warps),
                 # their prefixes combined by the walk or read from span_scan's records
                 variants += [(dict(const, STRIP=True, SEG=True, SPAN=1, HOLD=True, SCANNED=sc), ph,
@@ -78,8 +80,9 @@ def configs():
                 if key not in seen:
                     seen.add(key)
                     yield kernel, dict(const, PHASE=ph), ints, dt, nw, ph == 1
-    for sc, lin, rows in itertools.product((1, 4, 64, 128, 256), (False, True), (64, 512)):  # SEG's records
-        yield (span_scan, dict(SC=sc, BLOCK_R=rows, BLOCK_S=min(sc, 4), LINEAR=lin),
+    for sc, lin, rows, whole in itertools.product((1, 4, 8, 32, 64, 128, 256), (False, True), (64, 512),
+                                                  (False, True)):  # SEG's and GLOBAL's span records
+        yield (span_scan, dict(SC=sc, BLOCK_R=rows, BLOCK_S=min(sc, 4), LINEAR=lin, ALL=whole),
                dict(NSPAN=528, B=0, C=0, T=0, sxc=0), "fp32", 4, True)
     for R, C in ((4000, 512), (37, 50)):  # the weight partials' sum: sizes that are multiples of 16, and not
         yield sum_partials, dict(BLOCK_R=512, BLOCK_C=8), dict(R=R, C=C, B=0, T=0, sxc=0), "fp32", 4, False

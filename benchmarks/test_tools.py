@@ -13,8 +13,9 @@ def test_compile_check_enumerates_each_kernels_own_tiles():
     assert set(frame) == {("running_norm_fwd", 256, 32), ("running_norm_bwd", 128, 32)}
     assert {k.fn.__name__ for k, *_ in todo} == {"running_norm_fwd", "running_norm_bwd", "sum_partials",
                                                   "span_scan"}
-    # SEG walks that read span_scan's records, forward and backward
-    assert {k.fn.__name__ for k, c, *_ in todo if c.get("SCANNED")} == {"running_norm_fwd", "running_norm_bwd"}
+    # SEG walks and GLOBAL tiles that read span_scan's records, forward and backward
+    scanned = {(k.fn.__name__, c["MODE"]) for k, c, *_ in todo if c.get("SCANNED")}
+    assert scanned == {(k, m) for k in ("running_norm_fwd", "running_norm_bwd") for m in (1, 2, 3)}
 
 
 def test_ab_runs_each_variant_in_its_own_process_and_compares_bits():

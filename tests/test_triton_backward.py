@@ -287,6 +287,34 @@ def test_span_scan_gradients(name, layout, monkeypatch):
         check_gradients(got, want, F32)
 
 
+@pytest.mark.parametrize("layout", ["bct", "btc"])
+@pytest.mark.parametrize("name", GLOBAL)
+def test_span_scan_global_gradients(name, layout, monkeypatch):
+    """GLOBAL's span sums reduced once by span_scan (forced from 2 spans, in blocks of 2), whose totals every
+    tile reads: 10 spans of 2 frames (5 blocks, the last partial), blocks of 8 channels (2 scan programs
+    per channel block), lengths 19, 7 and 1. Forward and backward each launch it over all the spans."""
+    monkeypatch.setattr(launch, "SCAN_SPANS", 1)
+    monkeypatch.setattr(launch, "SCAN_ROWS", 2)
+    scans, real = [], launch.span_scan
+
+    class Spy:
+        def __getitem__(self, grid):
+            def run(*a, **k):
+                scans.append((a[1], k["LINEAR"], k["ALL"]))
+                return real[grid](*a, **k)
+            return run
+    monkeypatch.setattr(launch, "span_scan", Spy())
+    B, C, T = 3, 5, 19
+    x = make_x(B, C, T, LAYOUTS[layout], F32, offset=0.3)
+    w, b = make_affine(C, F32)
+    gy, gs = cotangents(name, x, B, C, False)
+    kw = dict(gy=gy, gs=gs, layout=LAYOUTS[layout], lengths=torch.tensor([T, 7, 1]))
+    with tile_size(block_t=2, span=1, window=2, block_c=8):
+        got = gradients(name, x, w, b, eps_for(name), **kw)
+    assert scans == [(10, False, True), (10, True, True)]
+    check_gradients(got, gradients(name, x, w, b, eps_for(name), oracle=True, **kw), F32)
+
+
 def _spy_launches(monkeypatch):
     """Record (forward or backward, PHASE, SEG, STRIP, FLIP) of every launch of the template's kernels."""
     launched = []

@@ -759,6 +759,9 @@ def running_norm_fwd(
         if MODE == 3:  # GLOBAL, second launch: reduce the span summaries of this sequence (a strip has its own)
             if STRIP:
                 mw, mm, mq = gw, gm, gq
+            elif SCANNED:  # span_scan has merged the spans: the last record
+                tot = ws_ptr + (seq.to(tl.int64) * NSPAN + NSPAN - 1) * (3 * SC) + offs_s
+                mw, mm, mq = tl.load(tot), tl.load(tot + SC), tl.load(tot + 2 * SC)
             else:
                 mw, mm, mq, _d = _span_reduce(ws_ptr, seq.to(tl.int64) * NSPAN * (3 * SC), NSPAN, 1.0, offs_s, SC,
                                               WINDOW, False)
@@ -958,6 +961,9 @@ def running_norm_bwd(
             r = _rstd(var, eps, EPS_OUTSIDE)
             if STRIP:
                 ta, tb = sa, sb
+            elif SCANNED:  # span_scan has summed the spans: the first record
+                tot = ws_ptr + seq.to(tl.int64) * NSPAN * (3 * SC) + offs_s
+                ta, tb = tl.load(tot), tl.load(tot + SC)
             else:
                 ta, tb, _c, _d = _span_reduce(ws_ptr, seq.to(tl.int64) * NSPAN * (3 * SC), NSPAN, 1.0, offs_s, SC,
                                               WINDOW, True)
@@ -1100,7 +1106,7 @@ def sum_partials(p_ptr, gw_ptr, gb_ptr, R, C, BLOCK_R: tl.constexpr, BLOCK_C: tl
 
 @triton.jit
 def span_scan(ws_ptr, NSPAN, log2d_span, SC: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr,
-              LINEAR: tl.constexpr):
+              LINEAR: tl.constexpr, ALL: tl.constexpr = False):
     """SEG's segment summaries [seq, NSPAN, 3, SC] into running ones, in place, so that a walk reads one
     record for its prefix instead of combining all the segments before it (work quadratic in NSPAN: ccln
     (2, 256, 64000) bf16 "b t c" read 0.82 GB of records for 65 MB of x at 517 segments a sequence; on the
@@ -1108,7 +1114,9 @@ def span_scan(ws_ptr, NSPAN, log2d_span, SC: tl.constexpr, BLOCK_R: tl.constexpr
     program per sequence and BLOCK_S statistics, in a fixed order (deterministic). Forward (Chan merges):
     record j becomes segments 0..j merged, each decaying those before it by d_span. Backward (LINEAR, from
     the end): record j becomes the sum over k >= j of d_span^(k - j) times segment k's sums. The record a
-    walk never reads (the last forward, the first backward) is left alone."""
+    walk never reads (the last forward, the first backward) is left alone, unless ALL: GLOBAL's span sums,
+    whose totals (the last record forward, the first backward) every tile reads (instln "b t c" (1, 128,
+    256000): 4000 tiles of a sequence each combined its 130 spans, 0.8 GB of reads for 131 MB of x)."""
     seq = tl.program_id(0)
     offs_s = tl.program_id(1) * BLOCK_S + tl.arange(0, BLOCK_S)
     m_s = offs_s < SC
@@ -1118,10 +1126,11 @@ def span_scan(ws_ptr, NSPAN, log2d_span, SC: tl.constexpr, BLOCK_R: tl.constexpr
     cb = tl.zeros([1, BLOCK_S], dtype=tl.float32)
     cc = tl.zeros([1, BLOCK_S], dtype=tl.float32)
     cd = tl.full([1, BLOCK_S], 1.0, dtype=tl.float32)
-    for r0 in range(0, NSPAN - 1, BLOCK_R):
+    n_rows = NSPAN if ALL else NSPAN - 1
+    for r0 in range(0, n_rows, BLOCK_R):
         offs_r = r0 + tl.arange(0, BLOCK_R)  # older to newer: the backward runs from the last segment
         j = NSPAN - 1 - offs_r if LINEAR else offs_r
-        m = (offs_r < NSPAN - 1)[:, None] & m_s[None, :]
+        m = (offs_r < n_rows)[:, None] & m_s[None, :]
         p = rec0 + j.to(tl.int64)[:, None] * (3 * SC) + offs_s[None, :]
         a = tl.load(p, mask=m, other=0.0)
         b = tl.load(p + SC, mask=m, other=0.0)

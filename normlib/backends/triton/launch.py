@@ -15,9 +15,9 @@ FRAME, CUMULATIVE, EMA, GLOBAL = 0, 1, 2, 3
 STRIP_PER_SM = 4  # running modes walk each sequence in one program when there are this many per SM
 STRIP_PER_SM_CH = 3.5  # per-channel "b c t" walks: whole sequences from this many per SM, else segments (SEG)
 SEG_PER_SM = (4, 16, 8)  # segments' walks per SM: pooled, per-channel "b c t", per-channel "b t c"
-# SEG: above this many segments a sequence, span_scan merges their sums once (see there), in blocks of
-# SCAN_ROWS; below, each walk combines the others itself, in a few windows of records, with no launch more
-# (not swept: the rows timed had 16 segments, or 259 and more)
+# SEG and GLOBAL: above this many segments (spans) a sequence, span_scan merges their sums once (see
+# there), in blocks of SCAN_ROWS; below, each walk (tile) combines them itself, in a few windows of
+# records, with no launch more (not swept: the rows timed had 16 segments, or 259 and more)
 SCAN_SPANS, SCAN_ROWS = 32, 512
 SEG_POOLED_SEQ = 2  # pooled "b t c" forwards walk segments of at least 8 tiles up to this many sequences
 GLOBAL_STRIP_BYTES = 32 << 20  # GLOBAL reads x twice in one launch below this size (L2: 50 MB H100, 60 MB H200)
@@ -321,8 +321,12 @@ def _launch(kernel, p: Plan, tiles, x, B, per_channel, backward=False, **kw):
         kernel[(B * p.ncb,)](**kw, ws_ptr=x, ctr_ptr=x, **sizes, PHASE=2, SPAN=1, **flags)
     elif p.mode == GLOBAL:
         ws = torch.empty(B * p.ncb * p.nspan * 3 * p.sc, dtype=torch.float32, device=x.device)
+        scanned = p.nspan > SCAN_SPANS
         for phase, grid in ((1, (B * p.ncb * p.nspan,)), (2, (B * p.ncb * p.nt,))):
-            kernel[grid](**kw, ws_ptr=ws, ctr_ptr=ws, **sizes, PHASE=phase, SPAN=p.span, **flags)
+            if phase == 2 and scanned:
+                _scan_spans(ws, p, B, backward, 0.0, True)
+            kernel[grid](**kw, ws_ptr=ws, ctr_ptr=ws, **sizes, PHASE=phase, SPAN=p.span,
+                         SCANNED=phase == 2 and scanned, **flags)
     elif p.mode == FRAME:
         kernel[(B * p.ncb * p.nt,)](**kw, ws_ptr=x, ctr_ptr=x, **sizes, PHASE=0, SPAN=1, **flags)
     elif tiles[7] == 2:  # SEG: each program sums a segment, then each walks one (one segment: nothing to sum)
@@ -330,11 +334,7 @@ def _launch(kernel, p: Plan, tiles, x, B, per_channel, backward=False, **kw):
         scanned = p.nspan > SCAN_SPANS
         for phase in (1, 2) if p.nspan > 1 else (2,):
             if phase == 2 and scanned:
-                bs = min(p.sc, 4)
-                span_scan[(B * p.ncb, triton.cdiv(p.sc, bs))](
-                    ws, p.nspan, p.log2d * p.block_t * triton.cdiv(p.nt, p.nspan), SC=p.sc,
-                    BLOCK_R=min(SCAN_ROWS, triton.next_power_of_2(p.nspan)), BLOCK_S=bs,
-                    LINEAR=backward, num_warps=4)
+                _scan_spans(ws, p, B, backward, p.log2d * p.block_t * triton.cdiv(p.nt, p.nspan), False)
             kernel[(B * p.ncb * p.nspan,)](**kw, ws_ptr=ws, ctr_ptr=ws, **sizes, PHASE=phase, SPAN=1, SEG=True,
                                            SCANNED=phase == 2 and scanned, **flags)
     elif strip:  # one program per sequence walks its tiles
@@ -343,6 +343,14 @@ def _launch(kernel, p: Plan, tiles, x, B, per_channel, backward=False, **kw):
         ws, ctr = _workspace(x.device, B * p.ncb * p.nt * 6 * p.sc)
         kernel[(B * p.ncb * p.nt,)](**kw, ws_ptr=ws, ctr_ptr=ctr, **sizes, PHASE=0, SPAN=1,
                                     **flags)
+
+
+def _scan_spans(ws, p: Plan, B, backward, log2d_span, whole):
+    """span_scan over the span records of each of the B x NCB sequences (whole: GLOBAL's, all of them)."""
+    bs = min(p.sc, 4)
+    span_scan[(B * p.ncb, triton.cdiv(p.sc, bs))](ws, p.nspan, log2d_span, SC=p.sc,
+                                                  BLOCK_R=min(SCAN_ROWS, triton.next_power_of_2(p.nspan)),
+                                                  BLOCK_S=bs, LINEAR=backward, ALL=whole, num_warps=4)
 
 
 @functools.lru_cache(maxsize=4096)  # on every launch: a small call's host path is longer than its kernel
