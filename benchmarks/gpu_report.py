@@ -126,9 +126,10 @@ def forward_checks(quick):
     print("== more than 2^31 elements (fp16)", flush=True)
     B, C, T = 2, 256, (1 << 22) + 3
     assert B * C * T > 2**31
-    # ccln: segments by default (few channel blocks; in "b t c" on one-warp tiles); cln: forced to them
+    # ccln: segments by default (few channel blocks; in "b t c" on one-warp tiles); cln: forced to them; gln
+    # and instln "b t c": 264 and 33 spans a sequence, reduced by span_scan
     runs = [("b c t", "cln", None), ("b c t", "gln", None), ("b c t", "cln", 2), ("b c t", "ccln", None),
-            ("b t c", "ccln", None)] if not quick else [("b c t", "gln", None)]
+            ("b t c", "ccln", None), ("b t c", "instln", None)] if not quick else [("b c t", "gln", None)]
     for layout in ("b c t", "b t c"):
         x = make(B, C, T, torch.float16, layout, seed=11)
         for name, strip in [(n, st) for lay, n, st in runs if lay == layout]:
@@ -243,8 +244,9 @@ def gradient_checks(quick, shapes=None, dtypes=("fp32", "bf16")):
                 for name in NORMS:
                     spec = spec_of(name)
                     running = spec.causal and spec.time.value != "frame"
-                    if strip == 2 and not running:
-                        continue
+                    if strip == 2 and not running and spec.time.value != "global":
+                        continue  # the SEG rows also check GLOBAL's default launch: its spans go through span_scan
+                    force = strip if running else None
                     st = None
                     if running:
                         shp = (B, C) if spec.per_channel else (B,)
@@ -256,7 +258,7 @@ def gradient_checks(quick, shapes=None, dtypes=("fp32", "bf16")):
                     xg = x.detach().requires_grad_()
                     grads = []
                     for _ in range(2):
-                        with tb.tile_size(strip=strip):
+                        with tb.tile_size(strip=force):
                             out = norm(spec, xg, w, b, lengths=lengths, state=st, layout=layout, backend="triton",
                                        return_state=st is not None)
                             y = out[0] if st is not None else out
@@ -278,7 +280,7 @@ def gradient_checks(quick, shapes=None, dtypes=("fp32", "bf16")):
                     errs = [rel(a_, b_) for a_, b_ in zip(got, ref_g)]
                     tol = 1e-4 if dt == torch.float32 else 3e-2
                     ok = same and all(e < tol for e in errs[:3]) and all(e < 1e-3 if dt == torch.float32 else 5e-2 for e in errs[3:])
-                    check(f"grad {name} {dn} {layout!r} B{B}-C{C}-T{T}" + (" SEG" if strip == 2 else ""), ok,
+                    check(f"grad {name} {dn} {layout!r} B{B}-C{C}-T{T}" + (" SEG" if force == 2 else ""), ok,
                           "dx dw db dstate " + " ".join(f"{e:.1e}" for e in errs) + ("" if same else " NOT DETERMINISTIC"))
 
     torch.use_deterministic_algorithms(False)
@@ -508,7 +510,8 @@ def main():
     p.add_argument("--shapes", help="timing shapes as BxCxT,... (default: the issue's six)")
     p.add_argument("--norms", help="timing norms, comma-separated (default: all)")
     p.add_argument("--grad-shapes", help="gradient-check shapes as BxCxT[:seg],... (default: three, and "
-                                         "2x128x20000:seg, the running norms walked in segments)")
+                                         "2x128x20000:seg, the running norms walked in segments and GLOBAL's "
+                                         "default launch, its spans reduced by span_scan)")
     p.add_argument("--grad-dtypes", default="fp32,bf16", help="gradient-check dtypes")
     p.add_argument("--warm", type=int, default=12, help="processes that compile every row before timing")
     p.add_argument("--table", help="rows-eager.jsonl[,rows-compile.jsonl]: print the markdown table of "
