@@ -287,6 +287,25 @@ def test_span_scan_gradients(name, layout, monkeypatch):
         check_gradients(got, want, F32)
 
 
+@pytest.mark.parametrize("name", ["ccln", "ccemaln"])
+def test_forward_and_backward_walk_their_own_segments(name, monkeypatch):
+    """Per-channel "b t c": the forward walks more segments than the backward (SEG_PER_SM[2]), here 3
+    segments of one tile of 8 frames forward and 2 (2 tiles and 1) backward; the backward reads only the
+    tiles' saved prefixes, so its gradients still match float64."""
+    monkeypatch.setattr(launch, "_num_sms", lambda device: 4)  # 3 sequences: 4 and 2 walks
+    monkeypatch.setattr(launch, "SEG_PER_SM", launch.SEG_PER_SM[:2] + ((3, 2),))
+    monkeypatch.setattr(launch, "SEG_MIN_TILES", 1)
+    monkeypatch.setattr(launch, "_TILES", {})
+    x, w, b, kw = _walk_case(name, "btc")
+    tiles = launch.tiles_for(dev(x).transpose(1, 2), True, SPECS[name].resolve_decay(None))
+    assert tiles[1] == 8 and (tiles[4], tiles[13]) == (1, 2)
+    launched = _spy_launches(monkeypatch, ("NSPAN",))
+    got = gradients(name, x, w, b, eps_for(name), **kw)
+    assert sorted({(w_, p, n) for w_, p, *_, n in launched}) == [("bwd", 1, 2), ("bwd", 2, 2), ("fwd", 1, 3),
+                                                                  ("fwd", 2, 3)]
+    check_gradients(got, gradients(name, x, w, b, eps_for(name), oracle=True, **kw), F32)
+
+
 @pytest.mark.parametrize("layout", ["bct", "btc"])
 @pytest.mark.parametrize("name", GLOBAL)
 def test_span_scan_global_gradients(name, layout, monkeypatch):
@@ -315,8 +334,9 @@ def test_span_scan_global_gradients(name, layout, monkeypatch):
     check_gradients(got, gradients(name, x, w, b, eps_for(name), oracle=True, **kw), F32)
 
 
-def _spy_launches(monkeypatch):
-    """Record (forward or backward, PHASE, SEG, STRIP, FLIP) of every launch of the template's kernels."""
+def _spy_launches(monkeypatch, extra=()):
+    """Record (forward or backward, PHASE, SEG, STRIP, FLIP, the ``extra`` arguments) of every launch of the
+    template's kernels."""
     launched = []
 
     class Spy:
@@ -325,7 +345,8 @@ def _spy_launches(monkeypatch):
 
         def __getitem__(self, grid):
             def run(**k):
-                launched.append((self.which, k["PHASE"], k.get("SEG", False), k["STRIP"], k.get("FLIP", False)))
+                launched.append((self.which, k["PHASE"], k.get("SEG", False), k["STRIP"], k.get("FLIP", False))
+                                + tuple(k[e] for e in extra))
                 return self.kernel[grid](**k)
             return run
     monkeypatch.setattr(launch, "running_norm_fwd", Spy(launch.running_norm_fwd, "fwd"))

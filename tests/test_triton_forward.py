@@ -630,24 +630,32 @@ def test_launcher_walks_sequences_in_one_program_only_when_there_are_enough():
     long = make_x(2, 3, 4000)
     tiles = launch.tiles_for(dev(long), True, 1.0)
     p = launch.plan(long.shape, True, 1.0, tiles)
-    assert tiles[7] == 2 and tiles[4] == -(-p.nt // (launch.SEG_PER_SM[1] * sms // (2 * p.ncb))) and p.nspan > 1
+    assert tiles[7] == 2 and tiles[4] == -(-p.nt // (launch.SEG_PER_SM[1][0] * sms // (2 * p.ncb))) and p.nspan > 1
     assert launch.tiles_for(dev(many), False, 0.0)[7] == 0  # FRAME: nothing to carry
     # GLOBAL: one launch that reads x twice (from L2) when x is small and has 32 sequences or more
     assert launch.tiles_for(dev(make_x(32, 3, 20)), False, None)[7] == 1
     assert launch.tiles_for(dev(make_x(31, 3, 20)), False, None)[7] == 0
     assert launch.strip_for(launch.GLOBAL, 64, 1, False, False, sms, launch.GLOBAL_STRIP_BYTES + 1) == (0, 0)
+    # ... and fewer sequences than SMs strip only when they are short: each program walks its sequence twice
+    assert launch.strip_for(launch.GLOBAL, 64, 63, True, True, 132, 1 << 20) == (0, 0)
+    assert launch.strip_for(launch.GLOBAL, 64, 8, True, True, 132, 1 << 20) == (1, 1)
+    assert launch.strip_for(launch.GLOBAL, 132, 63, True, True, 132, 1 << 20) == (1, 1)
     with tile_size(block_t=8):
         for name in ("cln", "ccemaln", "gln", "instln"):
             check_output(tri(name, dev(many)), dev(many), ref(name, many), F32, name)
-    # per-channel "b t c" running norms always walk segments, SEG_PER_SM[2] per SM, of one-warp [128, 8] tiles
+    # per-channel "b t c" running norms always walk segments, SEG_PER_SM[2] per SM, of one-warp [128, 8] tiles;
+    # the forward more of them, where they stay SEG_MIN_TILES long
     btc = lambda n, C=3, T=20: make_x(n, C, T).transpose(1, 2).contiguous().transpose(1, 2)  # noqa: E731
-    for n, C, T in ((2, 3, 20), (need, 3, 20), (2, 200, 300)):
+    for n, C, T in ((2, 3, 20), (need, 3, 20), (2, 200, 300), (1, 3, 8 * 8 * 12 * sms + 1)):
         x = dev(btc(n, C, T))
         tiles = launch.tiles_for(x, True, 0.5)
-        segs = max(1, launch.SEG_PER_SM[2] * sms // (n * -(-C // 128)))
+        span_f, span_b = (-(-(-(-T // 8)) // max(1, k * sms // (n * -(-C // 128)))) for k in launch.SEG_PER_SM[2])
         assert tiles[:3] == [min(128, 1 << (C - 1).bit_length()), 8, 1] and (tiles[7], tiles[12]) == (2, 2)
-        assert tiles[4] == -(-(-(-T // 8)) // segs)
+        assert (tiles[4], tiles[13]) == (span_f if span_f >= launch.SEG_MIN_TILES else span_b, span_b)
+        assert launch.backward_tiles(tiles)[4] == span_b
+    assert tiles[4] == launch.SEG_MIN_TILES + 1 and tiles[13] > tiles[4]  # the last row: the forward's own span
     assert launch.tiles_for(dev(btc(2)), True, None)[:3] == [4, 32, 4]  # instln keeps its look-back-free tiles
+    assert launch.tiles_for(dev(btc(2, 300, 20)).half(), True, None)[:3] == [64, 32, 4]  # rows of 128 bytes
     # 16-bit inputs of the same shape get their own tiles (the cache is keyed by dtype too)
     assert launch.tiles_for(dev(btc(2, 300, 20)), True, 1.0)[:3] == [128, 8, 1]
     assert launch.tiles_for(dev(btc(2, 300, 20)).half(), True, 1.0)[:3] == [256, 4, 1]

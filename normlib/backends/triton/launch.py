@@ -14,7 +14,13 @@ from .kernels import running_norm_bwd, running_norm_fwd, span_scan, sum_partials
 FRAME, CUMULATIVE, EMA, GLOBAL = 0, 1, 2, 3
 STRIP_PER_SM = 4  # running modes walk each sequence in one program when there are this many per SM
 STRIP_PER_SM_CH = 3.5  # per-channel "b c t" walks: whole sequences from this many per SM, else segments (SEG)
-SEG_PER_SM = (4, 16, 8)  # segments' walks per SM: pooled, per-channel "b c t", per-channel "b t c"
+# segments' walks per SM, forward and backward: pooled, per-channel "b c t", per-channel "b t c". A "b t c"
+# forward takes 12 where its segments stay SEG_MIN_TILES long, else the backward's 8 (seg_sweep.py on the
+# H200, ccln, forward / step times a copy's, 8 -> 12 a SM: fp32 (16, 512, 16000) 1.90 / 6.57 -> 1.71 /
+# 7.27, bf16 (1, 128, 256000) 6.89 / 25.28 -> 6.23 / 22.37; segments of 6 tiles lost, bf16 (4, 512, 4000)
+# 5.71 -> 6.46; 12 backward walks lost everywhere)
+SEG_PER_SM = ((4, 4), (16, 16), (12, 8))
+SEG_MIN_TILES = 8
 # SEG and GLOBAL: above this many segments (spans) a sequence, span_scan merges their sums once (see
 # there), in blocks of SCAN_ROWS; below, each walk (tile) combines them itself, in a few windows of
 # records, with no launch more (not swept: the rows timed had 16 segments, or 259 and more)
@@ -98,8 +104,9 @@ def choose_tiles(C, T, per_channel, channels_last, device, mode=CUMULATIVE, elem
         if channels_last and mode in (CUMULATIVE, EMA):  # SEG walks: each thread holds its channels' frames
             vec = 16 // elem_size
             block_c, block_t, warps = min(32 * vec, c2), min(t2, 32 // vec if c2 >= 16 * vec else 8), 1
-        elif channels_last:
-            block_c, block_t = min(32, c2), min(t2, 64)
+        elif channels_last:  # rows of 128 bytes (instln bf16 (16, 512, 16000) [32, 64] -> [64, 64]: forward
+            # 739 -> 539 µs, backward 545 -> 508)
+            block_c, block_t = min(128 // elem_size, c2), min(t2, 64)
         else:
             grow = 2 if mode == GLOBAL else 1
             block_c, block_t = min(4 * grow, c2), min(t2, 128 * grow)
@@ -135,7 +142,9 @@ def strip_for(mode, n_seq, n_tiles, per_channel, channels_last, num_sms, nbytes)
     """How the forward and the backward walk time in the running modes: 0, look-back tiles; 1, one program
     walks each of ``n_seq`` sequences (or channel blocks) of ``n_tiles`` tiles, when they fill the GPU by
     themselves; 2, segmented walks (SEG). For GLOBAL, 1 when x is small enough to be read again from L2 and
-    there are enough sequences to share the SMs, which saves a launch (small calls are host-bound). A SEG
+    there are enough sequences to share the SMs, which saves a launch (small calls are host-bound): at least
+    one a SM, or 32 of at most 8 tiles (instln (4, 512, 4000) "b t c", 64 channel blocks of 63 tiles, forward
+    on the H200: 146 µs as strips, 69 in two launches; 256 of 16 tiles in "b c t": 43 against 67). A SEG
     forward whose backward walks whole sequences (1) walks one segment a sequence: the same walk, whose next
     tile's load the compiler issues before the step's work, where the strip's sinks it to the step's end
     (ccln (4, 512, 4000) fp32 forward 2.58 -> 2.06 times a copy's time, bf16 5.26 -> 5.12, (16, 512, 16000)
@@ -153,15 +162,15 @@ def strip_for(mode, n_seq, n_tiles, per_channel, channels_last, num_sms, nbytes)
       tiles), but (4, 512, 4000) 2.14 -> 3.21 (segments of one tile);
     - pooled "b c t" loses everywhere (cln (2, 256, 64000) 1.85 -> 3.22): x is read twice, where the
       look-back reads it once and is not far from its floor."""
-    if mode == GLOBAL:
-        return (int(nbytes <= GLOBAL_STRIP_BYTES and n_seq >= 32),) * 2
+    if mode == GLOBAL:  # a strip program walks its sequence twice: with fewer than the SMs, only short ones
+        return (int(nbytes <= GLOBAL_STRIP_BYTES and n_seq >= 32 and (n_seq >= num_sms or n_tiles <= 8)),) * 2
     if mode not in (CUMULATIVE, EMA):
         return 0, 0
     if per_channel:
         return (2, 1) if not channels_last and n_seq >= STRIP_PER_SM_CH * num_sms else (2, 2)
     if n_seq >= STRIP_PER_SM * num_sms:
         return 1, 1
-    seg_len = triton.cdiv(n_tiles, max(1, SEG_PER_SM[0] * num_sms // n_seq))
+    seg_len = triton.cdiv(n_tiles, max(1, SEG_PER_SM[0][0] * num_sms // n_seq))
     return (2, 0) if not per_channel and channels_last and n_seq <= SEG_POOLED_SEQ and seg_len >= 8 else (0, 0)
 
 
@@ -232,10 +241,10 @@ class Plan(NamedTuple):
 
 def tiles_for(x, per_channel, decay=None) -> list[int]:
     """The launch choices for x, as ints an op can carry: [block_c, block_t, warps, window, span, walk,
-    deterministic, strip, hold, backward block_c, backward warps, backward hold, backward strip]. Forward and
-    backward take the same list, so they always agree on the tiling (``backward_tiles`` gives the backward's
-    view of it). Eager calls look them up in a cache (the host path of a small call is longer than its
-    kernel)."""
+    deterministic, strip, hold, backward block_c, backward warps, backward hold, backward strip, backward
+    span]. Forward and backward take the same list, so they always agree on the tiling (``backward_tiles``
+    gives the backward's view of it). Eager calls look them up in a cache (the host path of a small call is
+    longer than its kernel)."""
     if torch.compiler.is_compiling():
         return _tiles_for(x, per_channel, decay)
     key = (x.shape, x.stride(), x.dtype, per_channel, time_mode(decay), x.device,
@@ -257,21 +266,25 @@ def _tiles_for(x, per_channel, decay) -> list[int]:
         x.element_size())
     ncb = triton.cdiv(C, bc) if per_channel else 1
     window = _OVERRIDE.get("window", window_for(per_channel, B * ncb, _num_sms(x.device)))
-    per_sm = SEG_PER_SM[int(per_channel) * (1 + int(channels_last))] if strip == 2 else 4  # int(): dynamo
-    # rejects a bool index
-    want = max(1, per_sm * _num_sms(x.device) // max(1, B * ncb))
+    per_sm = SEG_PER_SM[int(per_channel) * (1 + int(channels_last))] if strip == 2 else (4, 4)  # int():
+    # dynamo rejects a bool index
+    nt = triton.cdiv(T, bt)
+    span_f, span_b = (max(1, triton.cdiv(nt, max(1, k * _num_sms(x.device) // max(1, B * ncb)))) for k in per_sm)
     if strip == 2 and strip_b == 1:  # see strip_for: whole sequences
-        want = 1
-    span = _OVERRIDE.get("span", max(1, triton.cdiv(triton.cdiv(T, bt), want)))
+        span_f = span_b = max(1, nt)
+    if span_f < SEG_MIN_TILES:
+        span_f = span_b
+    span, span_b = (_OVERRIDE.get("span", v) for v in (span_f, span_b))
     deterministic = torch.are_deterministic_algorithms_enabled()
     walk = bool(_OVERRIDE.get("walk")) and not deterministic  # a walk would hide the prefix it waits for
     return [bc, bt, warps, window, span, int(walk), int(deterministic), int(strip), int(hold), bc_b, warps_b,
-            int(hold_b), strip_b]
+            int(hold_b), strip_b, span_b]
 
 
 def backward_tiles(tiles) -> list[int]:
-    """The backward's launch choices: the list with its own BLOCK_C, warps, strip and hold in their places."""
-    return [tiles[9], tiles[1], tiles[10]] + list(tiles[3:7]) + [tiles[12], tiles[11]]
+    """The backward's launch choices: the list with its own BLOCK_C, warps, span, strip and hold in their
+    places."""
+    return [tiles[9], tiles[1], tiles[10], tiles[3], tiles[13], tiles[5], tiles[6], tiles[12], tiles[11]]
 
 
 def plan(shape, per_channel, decay, tiles) -> Plan:
@@ -321,7 +334,7 @@ def _launch(kernel, p: Plan, tiles, x, B, per_channel, backward=False, **kw):
         kernel[(B * p.ncb,)](**kw, ws_ptr=x, ctr_ptr=x, **sizes, PHASE=2, SPAN=1, **flags)
     elif p.mode == GLOBAL:
         ws = torch.empty(B * p.ncb * p.nspan * 3 * p.sc, dtype=torch.float32, device=x.device)
-        scanned = p.nspan > SCAN_SPANS
+        scanned = scans(p, B, x.numel() * x.element_size())
         for phase, grid in ((1, (B * p.ncb * p.nspan,)), (2, (B * p.ncb * p.nt,))):
             if phase == 2 and scanned:
                 _scan_spans(ws, p, B, backward, 0.0, True)
@@ -331,7 +344,7 @@ def _launch(kernel, p: Plan, tiles, x, B, per_channel, backward=False, **kw):
         kernel[(B * p.ncb * p.nt,)](**kw, ws_ptr=x, ctr_ptr=x, **sizes, PHASE=0, SPAN=1, **flags)
     elif tiles[7] == 2:  # SEG: each program sums a segment, then each walks one (one segment: nothing to sum)
         ws = torch.empty(B * p.ncb * p.nspan * 3 * p.sc, dtype=torch.float32, device=x.device)
-        scanned = p.nspan > SCAN_SPANS
+        scanned = scans(p, B, x.numel() * x.element_size())
         for phase in (1, 2) if p.nspan > 1 else (2,):
             if phase == 2 and scanned:
                 _scan_spans(ws, p, B, backward, p.log2d * p.block_t * triton.cdiv(p.nt, p.nspan), False)
@@ -343,6 +356,16 @@ def _launch(kernel, p: Plan, tiles, x, B, per_channel, backward=False, **kw):
         ws, ctr = _workspace(x.device, B * p.ncb * p.nt * 6 * p.sc)
         kernel[(B * p.ncb * p.nt,)](**kw, ws_ptr=ws, ctr_ptr=ctr, **sizes, PHASE=0, SPAN=1,
                                     **flags)
+
+
+def scans(p: Plan, B, nbytes) -> bool:
+    """Whether span_scan runs between SEG's or GLOBAL's two launches: above SCAN_SPANS spans a sequence, and for
+    GLOBAL only where its tiles would read more record bytes than a quarter of x (forward on the H200, host
+    time included, times a copy's: gln (2, 256, 64000) bf16, 1000 tiles a sequence reading 250 records of 12
+    bytes, 2.28 in two launches, 5.21 in three; instln (2, 256, 64000) "b t c" fp32, 203 MB of records, 4.29
+    in two, 2.12 in three)."""
+    reads = B * p.ncb * p.nt * p.nspan * 3 * p.sc * 4 if p.mode == GLOBAL else nbytes
+    return p.nspan > SCAN_SPANS and 4 * reads > nbytes
 
 
 def _scan_spans(ws, p: Plan, B, backward, log2d_span, whole):
