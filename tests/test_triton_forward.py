@@ -644,11 +644,13 @@ def test_launcher_walks_sequences_in_one_program_only_when_there_are_enough():
         for name in ("cln", "ccemaln", "gln", "instln"):
             check_output(tri(name, dev(many)), dev(many), ref(name, many), F32, name)
     # per-channel "b t c" running norms always walk segments, SEG_PER_SM[2] per SM, of one-warp [128, 8] tiles;
-    # the forward more of them, where they stay SEG_MIN_TILES long
+    # ccln's forward more of them, where they stay SEG_MIN_TILES long (ccemaln's as many as its backward)
     btc = lambda n, C=3, T=20: make_x(n, C, T).transpose(1, 2).contiguous().transpose(1, 2)  # noqa: E731
     for n, C, T in ((2, 3, 20), (need, 3, 20), (2, 200, 300), (1, 3, 8 * 8 * 12 * sms + 1)):
         x = dev(btc(n, C, T))
-        tiles = launch.tiles_for(x, True, 0.5)
+        ema = launch.tiles_for(x, True, 0.5)
+        assert ema[4] == ema[13] and (ema[7], ema[12]) == (2, 2)
+        tiles = launch.tiles_for(x, True, 1.0)
         span_f, span_b = (-(-(-(-T // 8)) // max(1, k * sms // (n * -(-C // 128)))) for k in launch.SEG_PER_SM[2])
         assert tiles[:3] == [min(128, 1 << (C - 1).bit_length()), 8, 1] and (tiles[7], tiles[12]) == (2, 2)
         assert (tiles[4], tiles[13]) == (span_f if span_f >= launch.SEG_MIN_TILES else span_b, span_b)

@@ -14,11 +14,12 @@ from .kernels import running_norm_bwd, running_norm_fwd, span_scan, sum_partials
 FRAME, CUMULATIVE, EMA, GLOBAL = 0, 1, 2, 3
 STRIP_PER_SM = 4  # running modes walk each sequence in one program when there are this many per SM
 STRIP_PER_SM_CH = 3.5  # per-channel "b c t" walks: whole sequences from this many per SM, else segments (SEG)
-# segments' walks per SM, forward and backward: pooled, per-channel "b c t", per-channel "b t c". A "b t c"
-# forward takes 12 where its segments stay SEG_MIN_TILES long, else the backward's 8 (seg_sweep.py on the
-# H200, ccln, forward / step times a copy's, 8 -> 12 a SM: fp32 (16, 512, 16000) 1.90 / 6.57 -> 1.71 /
-# 7.27, bf16 (1, 128, 256000) 6.89 / 25.28 -> 6.23 / 22.37; segments of 6 tiles lost, bf16 (4, 512, 4000)
-# 5.71 -> 6.46; 12 backward walks lost everywhere)
+# segments' walks per SM, forward and backward: pooled, per-channel "b c t", per-channel "b t c". A ccln
+# "b t c" forward takes 12 where its segments stay SEG_MIN_TILES long, else the backward's 8 (H200, forward /
+# step times a copy's, 8 -> 12 a SM: fp32 (16, 512, 16000) 1.90 / 6.57 -> 1.71 / 6.54, bf16 (1, 128, 256000)
+# 6.88 / 25.17 -> 6.21 / 24.77; segments of 6 tiles lost, bf16 (4, 512, 4000) 5.71 -> 6.46; 12 backward walks
+# lost everywhere, and so did ccemaln's forwards, whose float64 sums take more registers: (16, 512, 16000)
+# fp32 2.36 -> 2.52, bf16 5.26 -> 5.66)
 SEG_PER_SM = ((4, 4), (16, 16), (12, 8))
 SEG_MIN_TILES = 8
 # SEG and GLOBAL: above this many segments (spans) a sequence, span_scan merges their sums once (see
@@ -268,6 +269,8 @@ def _tiles_for(x, per_channel, decay) -> list[int]:
     window = _OVERRIDE.get("window", window_for(per_channel, B * ncb, _num_sms(x.device)))
     per_sm = SEG_PER_SM[int(per_channel) * (1 + int(channels_last))] if strip == 2 else (4, 4)  # int():
     # dynamo rejects a bool index
+    if time_mode(decay) == EMA:  # see SEG_PER_SM
+        per_sm = (per_sm[1], per_sm[1])
     nt = triton.cdiv(T, bt)
     span_f, span_b = (max(1, triton.cdiv(nt, max(1, k * _num_sms(x.device) // max(1, B * ncb)))) for k in per_sm)
     if strip == 2 and strip_b == 1:  # see strip_for: whole sequences
@@ -334,7 +337,7 @@ def _launch(kernel, p: Plan, tiles, x, B, per_channel, backward=False, **kw):
         kernel[(B * p.ncb,)](**kw, ws_ptr=x, ctr_ptr=x, **sizes, PHASE=2, SPAN=1, **flags)
     elif p.mode == GLOBAL:
         ws = torch.empty(B * p.ncb * p.nspan * 3 * p.sc, dtype=torch.float32, device=x.device)
-        scanned = scans(p, B, x.numel() * x.element_size())
+        scanned = p.nspan > SCAN_SPANS
         for phase, grid in ((1, (B * p.ncb * p.nspan,)), (2, (B * p.ncb * p.nt,))):
             if phase == 2 and scanned:
                 _scan_spans(ws, p, B, backward, 0.0, True)
@@ -344,7 +347,7 @@ def _launch(kernel, p: Plan, tiles, x, B, per_channel, backward=False, **kw):
         kernel[(B * p.ncb * p.nt,)](**kw, ws_ptr=x, ctr_ptr=x, **sizes, PHASE=0, SPAN=1, **flags)
     elif tiles[7] == 2:  # SEG: each program sums a segment, then each walks one (one segment: nothing to sum)
         ws = torch.empty(B * p.ncb * p.nspan * 3 * p.sc, dtype=torch.float32, device=x.device)
-        scanned = scans(p, B, x.numel() * x.element_size())
+        scanned = p.nspan > SCAN_SPANS
         for phase in (1, 2) if p.nspan > 1 else (2,):
             if phase == 2 and scanned:
                 _scan_spans(ws, p, B, backward, p.log2d * p.block_t * triton.cdiv(p.nt, p.nspan), False)
@@ -356,16 +359,6 @@ def _launch(kernel, p: Plan, tiles, x, B, per_channel, backward=False, **kw):
         ws, ctr = _workspace(x.device, B * p.ncb * p.nt * 6 * p.sc)
         kernel[(B * p.ncb * p.nt,)](**kw, ws_ptr=ws, ctr_ptr=ctr, **sizes, PHASE=0, SPAN=1,
                                     **flags)
-
-
-def scans(p: Plan, B, nbytes) -> bool:
-    """Whether span_scan runs between SEG's or GLOBAL's two launches: above SCAN_SPANS spans a sequence, and for
-    GLOBAL only where its tiles would read more record bytes than a quarter of x (forward on the H200, host
-    time included, times a copy's: gln (2, 256, 64000) bf16, 1000 tiles a sequence reading 250 records of 12
-    bytes, 2.28 in two launches, 5.21 in three; instln (2, 256, 64000) "b t c" fp32, 203 MB of records, 4.29
-    in two, 2.12 in three)."""
-    reads = B * p.ncb * p.nt * p.nspan * 3 * p.sc * 4 if p.mode == GLOBAL else nbytes
-    return p.nspan > SCAN_SPANS and 4 * reads > nbytes
 
 
 def _scan_spans(ws, p: Plan, B, backward, log2d_span, whole):
