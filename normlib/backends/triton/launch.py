@@ -272,7 +272,8 @@ def _tiles_for(x, per_channel, decay) -> list[int]:
     if time_mode(decay) == EMA:  # see SEG_PER_SM
         per_sm = (per_sm[1], per_sm[1])
     nt = triton.cdiv(T, bt)
-    span_f, span_b = (max(1, triton.cdiv(nt, max(1, k * _num_sms(x.device) // max(1, B * ncb)))) for k in per_sm)
+    sms = _num_sms(x.device)
+    span_f, span_b = (max(1, triton.cdiv(nt, max(1, k * sms // max(1, B * ncb)))) for k in per_sm)
     if strip == 2 and strip_b == 1:  # see strip_for: whole sequences
         span_f = span_b = max(1, nt)
     if span_f < SEG_MIN_TILES:
