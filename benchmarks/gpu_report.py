@@ -401,7 +401,7 @@ def _graph_t(fn, calls=10):
     return _t(g.replay) / calls
 
 
-def graph_times(shapes, norms, out):
+def graph_times(shapes, norms, out, dtypes=("fp32", "bf16"), layouts=("b c t", "b t c"), force=None):
     """Stage "graphs": normlib's forward, a training step of the layer (forward, then dx, dweight and dbias,
     as in the eager table) and a copy, each replayed from a CUDA graph, so that they measure the GPU's work
     rather than the host's launch path (what a model run under CUDA graphs, e.g. torch.compile's
@@ -411,21 +411,23 @@ def graph_times(shapes, norms, out):
     print("== CUDA graph replay: device time per call (10 calls a graph)", flush=True)
     lines = ["| norm | B, C, T | dtype | layout | fwd µs | step µs | copy µs | fwd ÷ copy time | fwd ÷ copy "
              "| bwd ÷ copy | step ÷ copy |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    from normlib.backends import triton as tb
     capture_steps = True
     for (B, C, T) in shapes:
-        for dn in ("fp32", "bf16"):
-            for layout in ("b c t", "b t c"):
+        for dn in dtypes:
+            for layout in layouts:
                 x, xg, w, b, gy = step_inputs(B, C, T, DTYPES[dn], layout)
                 copy_ms = _graph_t(lambda: x.clone())
                 for name in norms:
                     spec = spec_of(name)
-                    with torch.no_grad():
+                    with tb.tile_size(**(force or {})), torch.no_grad():
                         ms = _graph_t(lambda: norm(spec, x, w, b, layout=layout, backend="triton"))
                     step = float("nan")
                     if capture_steps:
                         try:
-                            step = _graph_t(lambda: torch.autograd.grad(
-                                norm(spec, xg, w, b, layout=layout, backend="triton"), (xg, w, b), gy))
+                            with tb.tile_size(**(force or {})):
+                                step = _graph_t(lambda: torch.autograd.grad(
+                                    norm(spec, xg, w, b, layout=layout, backend="triton"), (xg, w, b), gy))
                         except Exception as exc:  # noqa: BLE001 (a failed capture may leave CUDA unusable for
                             # more: stop capturing steps, keep the forwards)
                             print("  step capture failed", name, type(exc).__name__, str(exc)[:200], flush=True)
@@ -509,6 +511,10 @@ def main():
                         "replayed from CUDA graphs; the small shapes unless --shapes)")
     p.add_argument("--shapes", help="timing shapes as BxCxT,... (default: the issue's six)")
     p.add_argument("--norms", help="timing norms, comma-separated (default: all)")
+    p.add_argument("--dtypes", default="fp32,bf16", help="graphs: timing dtypes")
+    p.add_argument("--layouts", default="bct,btc", help="graphs: timing layouts, bct and/or btc")
+    p.add_argument("--force", help="graphs: launch choices forced as launch.tile_size takes them, "
+                                   "k=v,... (hold=0,bwd_strip=1)")
     p.add_argument("--grad-shapes", help="gradient-check shapes as BxCxT[:seg],... (default: three, and "
                                          "2x128x20000:seg, the running norms walked in segments and GLOBAL's "
                                          "default launch, its spans reduced by span_scan)")
@@ -548,7 +554,10 @@ def main():
         with open(os.path.join(a.out, f"report-{stage}.json"), "w") as f:
             json.dump(dict(result, rows=result[stage]), f)
     if "graphs" in stages:
-        md = head + "\n\n" + graph_times(shapes or SMALL, norms or NORMS, a.out) + "\n"
+        force = {k: int(v) for k, v in (kv.split("=") for kv in a.force.split(","))} if a.force else None
+        layouts = tuple({"bct": "b c t", "btc": "b t c"}[v] for v in a.layouts.split(","))
+        md = (head + (f", forced {force}" if force else "") + "\n\n"
+              + graph_times(shapes or SMALL, norms or NORMS, a.out, a.dtypes.split(","), layouts, force) + "\n")
         with open(os.path.join(a.out, "report-graphs.md"), "w") as f:
             f.write(md)
     if "eager" in stages:
