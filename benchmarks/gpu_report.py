@@ -434,7 +434,7 @@ def graph_times(shapes, norms, out, dtypes=("fp32", "bf16"), layouts=("b c t", "
                             capture_steps = False
                     bwd = step - ms if step > ms else float("nan")  # noise can put a step under its forward
                     row = dict(norm=name, B=B, C=C, T=T, dtype=dn, layout=layout, graph_fwd=ms, graph_step=step,
-                               graph_copy=copy_ms)
+                               graph_copy=copy_ms, force=force or {})
                     with open(os.path.join(out, "rows-graphs.jsonl"), "a") as f:
                         f.write(json.dumps(row) + "\n")
                     lines.append(f"| {name} | {B}, {C}, {T} | {dn} | {layout} | {ms * 1e3:.1f} | {step * 1e3:.1f} "

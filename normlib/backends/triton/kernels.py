@@ -556,7 +556,9 @@ def _moments(w, s1, s2):
     """Float64 sums (W, S1, S2) -> float32 (w, mean, M2, var, 1/w). 1/W: float32, then a float64 Newton
     step."""
     wf = w.to(tl.float32)
-    r = tl.math.rsqrt(tl.maximum(wf, 1.1754944e-38))  # as _recip: w is 0 or at least 1 (a valid frame)
+    # as _recip; a valid frame has w >= 1 (it weighs 1 itself); only past a sequence's end can an EMA weight
+    # decay below the smallest normal float, where the clamp leaves 1/W wrong, and those frames are padding
+    r = tl.math.rsqrt(tl.maximum(wf, 1.1754944e-38))
     inv = (r * r).to(tl.float64)
     inv = inv * (2.0 - w * inv)  # where w is 0, so are the sums: mean and M2 come out 0
     mean = s1 * inv
