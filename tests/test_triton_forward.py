@@ -742,6 +742,8 @@ def test_pooled_lookback_forward_reads_its_first_chunk_again_when_its_tiles_fit_
     assert hold(16, 512, 16000, False, 4) == (True, False)  # 69 MB in flight
     assert hold(16, 512, 16000, False, 2) == (False, False)  # 35 MB
     assert hold(16, 512, 16000, True, 4) == (True, False)  # 43 MB
+    assert hold(16, 512, 16000, True, 2) == (True, False)  # 22 MB: 16-bit "b t c" holds from 18 MB
+    assert hold(4, 512, 4000, True, 2) == (False, False)  # 17 MB
     assert hold(1, 128, 256000, False, 4) == (False, False)  # 17 MB
     assert hold(4, 256, 16000, True, 4, mode=launch.EMA) == (False, False)  # 22 MB
     assert hold(16, 256, 16000, False, 4) == (True, False)  # 35 MB: fp32 holds, 16-bit reads again

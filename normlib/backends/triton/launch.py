@@ -28,8 +28,9 @@ SEG_MIN_TILES = 8
 SCAN_SPANS, SCAN_ROWS = 32, 512
 SEG_POOLED_SEQ = 2  # pooled "b t c" forwards walk segments of at least 8 tiles up to this many sequences
 GLOBAL_STRIP_BYTES = 32 << 20  # GLOBAL reads x twice in one launch below this size (L2: 50 MB H100, 60 MB H200)
-LEAN_BYTES = {4: 24 << 20, 2: 36 << 20}  # by element size: a pooled look-back forward reads its first chunk
-# again, rather than holding it, when its tiles in flight take no more than this (hold_for)
+LEAN_BYTES = {4: (24 << 20, 24 << 20), 2: (36 << 20, 18 << 20)}  # by element size, "b c t" and "b t c": a
+# pooled look-back forward reads its first chunk again, rather than holding it, when its tiles in flight take
+# no more than this (hold_for)
 LEAN_BLOCKS = (4, 5)  # programs per SM of such a lean forward, "b c t" and "b t c" (125 and 96 registers)
 _OVERRIDE: dict = {}
 _WORKSPACES: dict = {}
@@ -185,11 +186,12 @@ def hold_for(B, C, T, block_t, channels_last, num_sms, elem_size) -> bool:
     (2, 256, 64000) 0.54 -> 0.50-0.55 (35 MB), (16, 256, 16000) 0.59 -> 0.40 (35 MB), (16, 512, 16000)
     "b t c" 0.50 -> 0.39 (43 MB) and "b c t" 0.70 -> 0.54 (69 MB); bf16 (16, 512, 16000) 0.41 -> 0.49 (35 MB).
     Held 16-bit tiles carry half the bytes for the same latency, so they gain from occupancy up to a larger
-    footprint than fp32 ones."""
+    footprint than fp32 ones, in "b c t"; in "b t c" they lose from less: bf16 (16, 512, 16000) 0.30 -> 0.19
+    (22 MB), (4, 512, 4000) 0.31 either way (17 MB), (64, 128, 500) 0.25 -> 0.32 (8 MB)."""
     tiles = B * triton.cdiv(T, block_t)
     # int(): torch 2.11's dynamo rejects a bool index
     in_flight = min(tiles, LEAN_BLOCKS[int(channels_last)] * num_sms) * C * block_t * elem_size
-    return in_flight > LEAN_BYTES[elem_size]
+    return in_flight > LEAN_BYTES[elem_size][int(channels_last)]
 
 
 def choose_launch(B, C, T, per_channel, channels_last, mode, num_sms, nbytes, elem_size=4):
