@@ -392,14 +392,17 @@ def _store(p, syc, v, c0, offs_c, C, in_t, HINT: tl.constexpr):
 
 @triton.jit
 def _write_y(py, syc, xk, msk, mean, r, c0, offs_c, C, in_t, w_ptr, b_ptr, HAS_W: tl.constexpr,
-             HAS_B: tl.constexpr, HINT: tl.constexpr):
-    """y = (x - mean) * rstd (* weight + bias) for channels c0 + offs_c; padding frames get 0."""
+             HAS_B: tl.constexpr, HINT: tl.constexpr, PAD: tl.constexpr):
+    """y = (x - mean) * rstd (* weight + bias) for channels c0 + offs_c; padding frames (PAD: lengths
+    given; without them the store's mask is msk) get 0."""
     y = (xk - mean) * r
     if HAS_W:
         y = y * tl.load(w_ptr + c0 + offs_c, mask=(c0 + offs_c) < C, other=1.0).to(tl.float32)[:, None]
     if HAS_B:
         y = y + tl.load(b_ptr + c0 + offs_c, mask=(c0 + offs_c) < C, other=0.0).to(tl.float32)[:, None]
-    _store(py, syc, tl.where(msk, y, 0.0), c0, offs_c, C, in_t, HINT)
+    if PAD:
+        y = tl.where(msk, y, 0.0)
+    _store(py, syc, y, c0, offs_c, C, in_t, HINT)
 
 
 @triton.jit
@@ -413,12 +416,16 @@ def _gamma(w_ptr, c0, offs_c, C, HAS_W: tl.constexpr):
 
 @triton.jit
 def _write_gx(pgx, sdc, xk, msk, gy, mean, r, U, V, c0, offs_c, C, in_t, w_ptr, gwp_ptr, gbp_ptr, pgw,
-              HAS_W: tl.constexpr, STORE_GW: tl.constexpr):
-    """dL/dx of channels c0 + offs_c (0 at padding) and their per-tile dweight, dbias partials."""
+              HAS_W: tl.constexpr, STORE_GW: tl.constexpr, PAD: tl.constexpr):
+    """dL/dx of channels c0 + offs_c (0 at padding: PAD, as in _write_y) and their per-tile dweight, dbias
+    partials."""
     g = gy * _gamma(w_ptr, c0, offs_c, C, HAS_W)[:, None]
     # the backward's reads and writes go unhinted: with the forward's hints, emaln's (2, 256, 64000) "b t c"
     # backward fell from 0.42 to 0.24 of a copy on the H200 (and cln's (16, 512, 16000) rose from 0.58 to 0.63)
-    _store(pgx, sdc, tl.where(msk, g * r + U + xk * V, 0.0), c0, offs_c, C, in_t, 0)
+    gx = g * r + U + xk * V
+    if PAD:  # a padding frame's r may be inf (eps = 0)
+        gx = tl.where(msk, gx, 0.0)
+    _store(pgx, sdc, gx, c0, offs_c, C, in_t, 0)
     if STORE_GW:
         xhat = tl.where(msk, (xk - mean) * r, 0.0)
         m_c = (c0 + offs_c) < C
@@ -824,10 +831,10 @@ def running_norm_fwd(
         py = y_ptr + b64 * syb + offs_t.to(tl.int64)[None, :] * syt
         in_t = offs_t < T  # padding frames are written as 0
         if not LEAN:
-            _write_y(py, syc, xk, msk, mean, r, 0, offs_c, C, in_t, w_ptr, b_ptr, HAS_W, HAS_B, STREAM)
+            _write_y(py, syc, xk, msk, mean, r, 0, offs_c, C, in_t, w_ptr, b_ptr, HAS_W, HAS_B, STREAM, HAS_LEN)
         for c0 in range(0 if LEAN else BLOCK_C, CL, BLOCK_C):  # in the order read (backward: reversed)
             xc, mc = _load(px, sxc, c0, offs_c, C, m_t, Kt, STREAM)
-            _write_y(py, syc, xc, mc, mean, r, c0, offs_c, C, in_t, w_ptr, b_ptr, HAS_W, HAS_B, STREAM)
+            _write_y(py, syc, xc, mc, mean, r, c0, offs_c, C, in_t, w_ptr, b_ptr, HAS_W, HAS_B, STREAM, HAS_LEN)
 
         if STORE_SOUT:  # the state after frame length - 1, written by the tile that holds that frame
             at = (offs_t == length - 1)[None, :]
@@ -1073,13 +1080,13 @@ def running_norm_bwd(
             in_t = offs_t < T
             if not LEAN:
                 _write_gx(pgx, sdc, xk, msk, gy, mean, r, U, V, 0, offs_c, C, in_t, w_ptr, gwp_ptr, gbp_ptr, pgw, HAS_W,
-                          STORE_GW)
+                          STORE_GW, HAS_LEN)
             for k in range(0 if LEAN else 1, tl.cdiv(CL, BLOCK_C)):
                 c0 = _reread(k, CL, LEAN, BLOCK_C)
                 xc, mc = _load(px, sxc, c0, offs_c, C, m_t, Kt)
                 gc, _m = _load(pg, sgc, c0, offs_c, C, m_t, 0.0)
                 _write_gx(pgx, sdc, xc, mc, gc, mean, r, U, V, c0, offs_c, C, in_t, w_ptr, gwp_ptr, gbp_ptr, pgw,
-                          HAS_W, STORE_GW)
+                          HAS_W, STORE_GW, HAS_LEN)
 
             if HAS_SIN and (MODE == 1 or MODE == 2):  # the incoming state is frame -1 of weight d^(t+1)
                 if it == 0:
