@@ -371,12 +371,17 @@ def _frame_mask(it, T, length, BLOCK_T: tl.constexpr):
 
 
 @triton.jit
-def _load_tile(base, st, sc, it, T, length, offs_c, C, K, BLOCK_T: tl.constexpr, HINT: tl.constexpr):
-    """Tile ``it``'s first chunk of channels (values minus K, mask); nothing is read outside 0 .. NT - 1, so
-    a strip can ask for the tile after its last (or before its first) while it computes this one."""
+def _load_tile(base, st, sc, it, T, length, offs_c, C, K, BLOCK_T: tl.constexpr, HINT: tl.constexpr,
+               SHIFT: tl.constexpr = True):
+    """Tile ``it``'s first chunk of channels (values minus K, or as read without SHIFT; mask); nothing is read
+    outside 0 .. NT - 1, so a strip can ask for the tile after its last (or before its first) while it
+    computes this one."""
     offs_t = it * BLOCK_T + tl.arange(0, BLOCK_T)
-    return _load(base + offs_t.to(tl.int64)[None, :] * st, sc, 0, offs_c, C, _frame_mask(it, T, length, BLOCK_T), K,
-                 HINT)
+    p = base + offs_t.to(tl.int64)[None, :] * st
+    if SHIFT:
+        return _load(p, sc, 0, offs_c, C, _frame_mask(it, T, length, BLOCK_T), K, HINT)
+    else:
+        return _load_raw(p, sc, 0, offs_c, C, _frame_mask(it, T, length, BLOCK_T), HINT)
 
 
 @triton.jit
@@ -903,7 +908,7 @@ def running_norm_bwd(
                 m_t = (offs_t < T) & (offs_t < length)
                 for c0 in range(0, CL, BLOCK_C):
                     xk, msk = _load(xb + offs_t.to(tl.int64)[None, :] * sxt, sxc, c0, offs_c, C, m_t, K)
-                    g, _m = _load(gyb + offs_t.to(tl.int64)[None, :] * sgt, sgc, c0, offs_c, C, m_t, 0.0)
+                    g, _m = _load_raw(gyb + offs_t.to(tl.int64)[None, :] * sgt, sgc, c0, offs_c, C, m_t)
                     g = g * _gamma(w_ptr, c0, offs_c, C, HAS_W)[:, None]
                     xhat = tl.where(msk, (xk - mean1[:, None]) * r1[:, None], 0.0)
                     sa += _tile_sum(g, POOL_ALL)
@@ -949,7 +954,7 @@ def running_norm_bwd(
     if STRIP:  # the walk reads each tile one step ahead, as in the forward
         first = NT - 1 - vt0 if REV else 0
         xn, mn = _load_tile(xb, sxt, sxc, first, T, length, offs_c, C, K, BLOCK_T, 0)
-        gn, _m = _load_tile(gyb, sgt, sgc, first, T, length, offs_c, C, 0.0, BLOCK_T, 0)
+        gn, _m = _load_tile(gyb, sgt, sgc, first, T, length, offs_c, C, 0.0, BLOCK_T, 0, False)
     for step in range(n_walk):
         vt = vt0 + step
         it = vt
@@ -966,12 +971,12 @@ def running_norm_bwd(
             xk, msk, gy = xn, mn, gn
             nxt = it - 1 if REV else it + 1
             xn, mn = _load_tile(xb, sxt, sxc, nxt, T, length, offs_c, C, K, BLOCK_T, 0)
-            gn, _m = _load_tile(gyb, sgt, sgc, nxt, T, length, offs_c, C, 0.0, BLOCK_T, 0)
+            gn, _m = _load_tile(gyb, sgt, sgc, nxt, T, length, offs_c, C, 0.0, BLOCK_T, 0, False)
         elif EARLY:
             xk, msk, gy = tl.where(msk0, x0 - Kt, 0.0), msk0, g0
         else:
             xk, msk = _load(px, sxc, 0, offs_c, C, m_t, Kt)
-            gy, _m = _load(pg, sgc, 0, offs_c, C, m_t, 0.0)
+            gy, _m = _load_raw(pg, sgc, 0, offs_c, C, m_t)  # 0 outside the mask already
         at = (offs_t == length - 1)[None, :]  # the frame of the outgoing state
 
         # ---- each frame's statistics, A = sum(g) and G = sum(g (x - m_f)) (a co-moment, merged like M2)
@@ -998,7 +1003,7 @@ def running_norm_bwd(
             G = _group_sum(g * tl.where(msk, xk - sm, 0.0), POOL_ALL)
             for c0 in range(BLOCK_C, CL, BLOCK_C):
                 xc, mc = _load(px, sxc, c0, offs_c, C, m_t, Kt)
-                gc, _m = _load(pg, sgc, c0, offs_c, C, m_t, 0.0)
+                gc, _m = _load_raw(pg, sgc, c0, offs_c, C, m_t)
                 gc = gc * _gamma(w_ptr, c0, offs_c, C, HAS_W)[:, None]
                 cw, cm, cq = _frame_stats(xc, mc, m_t, c0, C, BLOCK_C, POOL_ALL)
                 ca = _group_sum(gc, POOL_ALL)
@@ -1084,7 +1089,7 @@ def running_norm_bwd(
             for k in range(0 if LEAN else 1, tl.cdiv(CL, BLOCK_C)):
                 c0 = _reread(k, CL, LEAN, BLOCK_C)
                 xc, mc = _load(px, sxc, c0, offs_c, C, m_t, Kt)
-                gc, _m = _load(pg, sgc, c0, offs_c, C, m_t, 0.0)
+                gc, _m = _load_raw(pg, sgc, c0, offs_c, C, m_t)
                 _write_gx(pgx, sdc, xc, mc, gc, mean, r, U, V, c0, offs_c, C, in_t, w_ptr, gwp_ptr, gbp_ptr, pgw,
                           HAS_W, STORE_GW, HAS_LEN)
 
