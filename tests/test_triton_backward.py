@@ -335,8 +335,8 @@ def test_span_scan_global_gradients(name, layout, monkeypatch):
 
 
 def _spy_launches(monkeypatch, extra=()):
-    """Record (forward or backward, PHASE, SEG, STRIP, FLIP, the ``extra`` arguments) of every launch of the
-    template's kernels."""
+    """Record (forward or backward, PHASE, SEG, STRIP, FLIP, the ``extra`` arguments, False where not
+    passed) of every launch of the template's kernels."""
     launched = []
 
     class Spy:
@@ -346,12 +346,39 @@ def _spy_launches(monkeypatch, extra=()):
         def __getitem__(self, grid):
             def run(**k):
                 launched.append((self.which, k["PHASE"], k.get("SEG", False), k["STRIP"], k.get("FLIP", False))
-                                + tuple(k[e] for e in extra))
+                                + tuple(k.get(e, False) for e in extra))
                 return self.kernel[grid](**k)
             return run
     monkeypatch.setattr(launch, "running_norm_fwd", Spy(launch.running_norm_fwd, "fwd"))
     monkeypatch.setattr(launch, "running_norm_bwd", Spy(launch.running_norm_bwd, "bwd"))
     return launched
+
+
+@pytest.mark.parametrize("layout", ["bct", "btc"])
+@pytest.mark.parametrize("name", ["cln", "emaln", "gln", "frameln"])
+def test_pooled_forward_with_full_chunks_of_channels(name, layout, monkeypatch):
+    """EVEN_C: where C is a multiple of the pooled chunk (8 channels in chunks of 4), the forward's frame
+    deviations take no select, since only masked frames, whose values and mean are 0, are outside the mask;
+    C = 7 keeps it. Look-back tiles and strip walks, lengths (one inside a tile, one of 1 frame), tiles past
+    T; y against float64, and the gradients, which read the prefixes the forward saved."""
+    launched = _spy_launches(monkeypatch, ("EVEN_C",))
+    B, T = 3, 19
+    for C, strip in itertools.product((8, 7), (0, 1)):
+        x = make_x(B, C, T, LAYOUTS[layout], F32, offset=0.3)
+        w, b = make_affine(C, F32)
+        gy, _gs = cotangents(name, x, B, C, False)
+        lengths = torch.tensor([T, 7, 1])
+        kw = dict(gy=gy, layout=LAYOUTS[layout], lengths=lengths)
+        launched.clear()
+        with tile_size(block_t=4, block_c=4, window=2, strip=strip):
+            y = getattr(normlib.functional, name)(dev(x), dev(w), dev(b), eps_for(name), backend="triton",
+                                                  layout=LAYOUTS[layout], lengths=dev(lengths))
+            got = gradients(name, x, w, b, eps_for(name), **kw)
+        assert {e for which, *_, e in launched if which == "fwd"} == {C == 8}, (C, strip)
+        assert {e for which, *_, e in launched if which == "bwd"} == {False}
+        assert_rel(y, ref(name, x, w, b, eps_for(name), layout=LAYOUTS[layout], lengths=lengths), TOL[F32],
+                   f"y C={C} strip={strip}")
+        check_gradients(got, gradients(name, x, w, b, eps_for(name), oracle=True, **kw), F32, f"C={C} strip={strip}")
 
 
 @pytest.mark.parametrize("name", ["cln", "emaln"])
