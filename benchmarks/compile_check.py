@@ -65,7 +65,7 @@ def configs():
                           **launch.vec_for((B, C, T), ((st["b"], st["c"], st["t"]),)))
             if kernel is running_norm_fwd:
                 const = dict(common, HAS_B=full, STORE_SOUT=full and causal, STORE_PREFIX=full,
-                             EVEN_C=not pc and C % bc == 0)
+                             EVEN_C=not pc and mode != 3 and C % bc == 0)
             else:
                 const = dict(common, HAS_GSOUT=full and causal, STORE_GW=full, FLIP=pc and warps == 1 and mode in (1, 2))
             variants = [(const, phase, warps)]
