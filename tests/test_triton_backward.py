@@ -432,19 +432,7 @@ def test_pooled_tiles_hold_or_read_again_their_first_chunk(name, layout, monkeyp
     kw = dict(state=state, gy=gy, gs=gs, layout=layout, lengths=lengths)
     want = gradients(name, x, w, b, eps_for(name), oracle=True, **kw)
     fn = getattr(normlib.functional, name)
-    launched = []  # (kernel, HOLD) of each launch: the choice must reach the kernels
-
-    class Spy:
-        def __init__(self, kernel, which):
-            self.kernel, self.which = kernel, which
-
-        def __getitem__(self, grid):
-            def run(**kw):
-                launched.append((self.which, kw["HOLD"]))
-                return self.kernel[grid](**kw)
-            return run
-    monkeypatch.setattr(launch, "running_norm_fwd", Spy(launch.running_norm_fwd, "fwd"))
-    monkeypatch.setattr(launch, "running_norm_bwd", Spy(launch.running_norm_bwd, "bwd"))
+    launched = _spy_launches(monkeypatch, ("HOLD",))  # the choice must reach the kernels
     got = {}
     for hold in (True, False):
         launched.clear()
@@ -452,7 +440,7 @@ def test_pooled_tiles_hold_or_read_again_their_first_chunk(name, layout, monkeyp
             y, _s = fn(dev(x), dev(w), dev(b), eps_for(name), backend="triton", layout=layout, lengths=dev(lengths),
                        state=None if state is None else state.to(DEVICE), return_state=True)
             got[hold] = dict(gradients(name, x, w, b, eps_for(name), **kw), y=y)
-        assert set(launched) == {("fwd", hold), ("bwd", not hold)}, launched
+        assert {(which, h) for which, *_, h in launched} == {("fwd", hold), ("bwd", not hold)}, launched
         check_gradients({k: v for k, v in got[hold].items() if k != "y"}, want, F32, f"hold={hold}")
     y_ref, _s = ref(name, x, w, b, eps_for(name), layout=layout, lengths=lengths, state=state, return_state=True)
     assert_rel(got[True]["y"], y_ref, TOL[F32], "y")
