@@ -64,8 +64,7 @@ def configs():
                           DETERMINISTIC=full, AGG_ONLY=False, STRIP=bool(strip), HOLD=hold,
                           **launch.vec_for((B, C, T), ((st["b"], st["c"], st["t"]),)))
             if kernel is running_norm_fwd:
-                const = dict(common, HAS_B=full, STORE_SOUT=full and causal, STORE_PREFIX=full,
-                             EVEN_C=not pc and mode != 3 and C % bc == 0)
+                const = dict(common, HAS_B=full, STORE_SOUT=full and causal, STORE_PREFIX=full)
             else:
                 const = dict(common, HAS_GSOUT=full and causal, STORE_GW=full, FLIP=pc and warps == 1 and mode in (1, 2))
             variants = [(const, phase, warps)]

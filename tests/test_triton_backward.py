@@ -356,13 +356,11 @@ def _spy_launches(monkeypatch, extra=()):
 
 @pytest.mark.parametrize("layout", ["bct", "btc"])
 @pytest.mark.parametrize("name", ["cln", "emaln", "gln", "frameln"])
-def test_pooled_forward_with_full_chunks_of_channels(name, layout, monkeypatch):
-    """EVEN_C: where C is a multiple of the pooled chunk (8 channels in chunks of 4), the forward's frame
-    deviations take no select, since only masked frames, whose values and mean are 0, are outside the mask;
-    C = 7 keeps it, and GLOBAL (which takes no frame statistics) never sets it. Look-back tiles and strip
-    walks, lengths (one inside a tile, one of 1 frame), tiles past T; y against float64, and the gradients,
-    which read the prefixes the forward saved."""
-    launched = _spy_launches(monkeypatch, ("EVEN_C",))
+def test_pooled_forward_with_full_chunks_of_channels(name, layout):
+    """C a multiple of the pooled chunk (8 channels in chunks of 4) and not (7): masked values then sit
+    only in masked frames, so a frame statistic that skipped the mask would still pass C = 8 but not 7.
+    Look-back tiles and strip walks, lengths (one inside a tile, one of 1 frame), tiles past T; y against
+    float64, and the gradients, which read the prefixes the forward saved."""
     B, T = 3, 19
     for C, strip in itertools.product((8, 7), (0, 1)):
         x = make_x(B, C, T, LAYOUTS[layout], F32, offset=0.3)
@@ -370,13 +368,10 @@ def test_pooled_forward_with_full_chunks_of_channels(name, layout, monkeypatch):
         gy, _gs = cotangents(name, x, B, C, False)
         lengths = torch.tensor([T, 7, 1])
         kw = dict(gy=gy, layout=LAYOUTS[layout], lengths=lengths)
-        launched.clear()
         with tile_size(block_t=4, block_c=4, window=2, strip=strip):
             y = getattr(normlib.functional, name)(dev(x), dev(w), dev(b), eps_for(name), backend="triton",
                                                   layout=LAYOUTS[layout], lengths=dev(lengths))
             got = gradients(name, x, w, b, eps_for(name), **kw)
-        assert {e for which, *_, e in launched if which == "fwd"} == {C == 8 and name != "gln"}, (C, strip)
-        assert {e for which, *_, e in launched if which == "bwd"} == {False}
         assert_rel(y, ref(name, x, w, b, eps_for(name), layout=LAYOUTS[layout], lengths=lengths), TOL[F32],
                    f"y C={C} strip={strip}")
         check_gradients(got, gradients(name, x, w, b, eps_for(name), oracle=True, **kw), F32, f"C={C} strip={strip}")

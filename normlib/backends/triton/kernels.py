@@ -6,9 +6,6 @@ Constexpr flags select the norm and the call:
 - HAS_W / HAS_B (affine), HAS_LEN (lengths), HAS_SIN (incoming state), STORE_SOUT (outgoing state),
   STORE_PREFIX (each tile's incoming prefix, for the backward), EPS_OUTSIDE;
 - layout through strides: a "b t c" input is a (B, C, T) view with stride 1 on C, read in place;
-- EVEN_C (pooled forward): C is a multiple of BLOCK_C, so only masked frames, whose values and mean are
-  both 0, are outside a chunk's mask, and its deviations need no select (cln fp32 "b c t" [128, 64]: 195
-  -> 168 registers, 3 programs an SM where 2 fit);
 - VEC_T (VEC_C): rows run along T (C), and T (C) and the other two dims' strides are multiples of it.
   Triton sees multiples of 16 by itself; without the hint, "b c t" rows of T = 500 loaded one element at
   a time (cln's pooled backward: 255 registers and a spill, 6456 SASS instructions; with it, 220 and
@@ -459,16 +456,12 @@ def _count(msk, m_t, c0, C, BLOCK_C: tl.constexpr, POOL_ALL: tl.constexpr):
 
 
 @triton.jit
-def _frame_stats(xk, msk, m_t, c0, C, BLOCK_C: tl.constexpr, POOL_ALL: tl.constexpr,
-                 EVEN_C: tl.constexpr = False):
+def _frame_stats(xk, msk, m_t, c0, C, BLOCK_C: tl.constexpr, POOL_ALL: tl.constexpr):
     """f_t = (n, m_f, M2_f) of each frame, [SC, BLOCK_T]; padding frames weigh 0."""
     if POOL_ALL:
         fn = _count(msk, m_t, c0, C, BLOCK_C, POOL_ALL)
         fm = _group_sum(xk, POOL_ALL) / tl.where(fn > 0, fn, 1.0)
-        if EVEN_C:  # see the module's docstring (the backward keeps the select: it took more registers)
-            dev = xk - fm
-        else:
-            dev = tl.where(msk, xk - fm, 0.0)
+        dev = tl.where(msk, xk - fm, 0.0)
         return fn, fm, _group_sum(dev * dev, POOL_ALL)
     else:  # a frame of one channel is one value (xk is 0 at padding)
         return msk.to(tl.float32), xk, tl.zeros(xk.shape, tl.float32)
@@ -685,7 +678,7 @@ def running_norm_fwd(
     BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr, SPAN: tl.constexpr, WINDOW: tl.constexpr,
     DETERMINISTIC: tl.constexpr = False, AGG_ONLY: tl.constexpr = False, STRIP: tl.constexpr = False,
     HOLD: tl.constexpr = True, VEC_T: tl.constexpr = 1, VEC_C: tl.constexpr = 1, SEG: tl.constexpr = False,
-    SCANNED: tl.constexpr = False, EVEN_C: tl.constexpr = False,
+    SCANNED: tl.constexpr = False,
 ):
     SC: tl.constexpr = 1 if POOL_ALL else BLOCK_C  # statistics per frame: one, or one per channel
     CHAN: tl.constexpr = not POOL_ALL and MODE == 1  # _local_sums' float32 summaries
@@ -807,10 +800,10 @@ def running_norm_fwd(
             mean = mm[:, None] + tl.zeros([SC, BLOCK_T], tl.float32)
             var = (mq / tl.where(mw > 0, mw, 1.0))[:, None] + tl.zeros([SC, BLOCK_T], tl.float32)
         else:
-            sw, sm, sq = _frame_stats(xk, msk, m_t, 0, C, BLOCK_C, POOL_ALL, EVEN_C)
+            sw, sm, sq = _frame_stats(xk, msk, m_t, 0, C, BLOCK_C, POOL_ALL)
             for c0 in range(BLOCK_C, CL, BLOCK_C):
                 xc, mc = _load(px, sxc, c0, offs_c, C, m_t, Kt, AGAIN)
-                cw_, cm_, cq_ = _frame_stats(xc, mc, m_t, c0, C, BLOCK_C, POOL_ALL, EVEN_C)
+                cw_, cm_, cq_ = _frame_stats(xc, mc, m_t, c0, C, BLOCK_C, POOL_ALL)
                 sw, sm, sq, _d = merge(sw, sm, sq, 1.0, cw_, cm_, cq_, 1.0)
             if MODE != 0:
                 # running sums inside the tile, then its prefix: carried, the incoming state, or look-back; a

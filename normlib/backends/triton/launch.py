@@ -335,9 +335,6 @@ def _launch(kernel, p: Plan, tiles, x, B, per_channel, backward=False, **kw):
     flags = dict(POOL_ALL=not per_channel, MODE=p.mode, BLOCK_C=p.block_c, BLOCK_T=p.block_t, WINDOW=p.window,
                  DETERMINISTIC=bool(tiles[6]), AGG_ONLY=bool(tiles[5]), STRIP=strip, HOLD=bool(tiles[8]),
                  num_warps=p.warps)
-    if not per_channel and not backward and p.mode != GLOBAL and x.shape[1] % p.block_c == 0:
-        flags["EVEN_C"] = True  # only frame statistics use it: per-channel tiles, GLOBAL and the backward
-        # compile one variant
     sizes = dict(B=B, C=x.shape[1], T=x.shape[2], NCB=p.ncb, NT=p.nt, NSPAN=p.nspan, log2d=p.log2d)
     if p.mode == GLOBAL and strip:  # one launch: each program sums its sequence, then normalizes it
         kernel[(B * p.ncb,)](**kw, ws_ptr=x, ctr_ptr=x, **sizes, PHASE=2, SPAN=1, **flags)
