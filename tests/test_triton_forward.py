@@ -735,7 +735,8 @@ def test_pooled_channels_last_tiles_are_longer_on_short_sequences():
 
 def test_pooled_lookback_forward_reads_its_first_chunk_again_when_its_tiles_fit_l2():
     """The forward's hold flag (index 4), from the bytes of the tiles in flight on 132 SMs; the backward never
-    holds; tiles with no look-back to wait on always hold, so that they compile one kernel."""
+    holds; FRAME's pooled tiles never hold (nothing to hold through: held, the backward spilled); per-channel
+    and GLOBAL tiles always hold, so that they compile one kernel."""
     def hold(B, C, T, last, es, pc=False, mode=launch.CUMULATIVE):
         f = launch.choose_launch(B, C, T, pc, last, mode, 132, B * C * T * es, es)
         return f[4], f[7]
@@ -747,8 +748,10 @@ def test_pooled_lookback_forward_reads_its_first_chunk_again_when_its_tiles_fit_
     assert hold(1, 128, 256000, False, 4) == (False, False)  # 17 MB
     assert hold(4, 256, 16000, True, 4, mode=launch.EMA) == (False, False)  # 22 MB
     assert hold(16, 256, 16000, False, 4) == (True, False)  # 35 MB: fp32 holds, 16-bit reads again
-    for kw in (dict(pc=True), dict(mode=launch.FRAME), dict(mode=launch.GLOBAL)):
+    for kw in (dict(pc=True), dict(pc=True, mode=launch.FRAME), dict(mode=launch.GLOBAL)):
         assert hold(1, 128, 256000, False, 4, **kw) == (True, True), kw
+    for last, es in ((False, 4), (True, 2)):
+        assert hold(16, 512, 16000, last, es, mode=launch.FRAME) == (False, False)
     assert hold(600, 64, 300, False, 4) == (True, True)  # a strip walk
 
 

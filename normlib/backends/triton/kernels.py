@@ -690,7 +690,7 @@ def running_norm_fwd(
     xb = x_ptr + b64 * sxb
     EARLY: tl.constexpr = (MODE == 1 or MODE == 2) and not STRIP  # a look-back tile reads its first chunk
     # a pooled look-back tile holds its first chunk through the look-back, or (LEAN) reads it again to write it
-    LEAN: tl.constexpr = EARLY and POOL_ALL and not HOLD
+    LEAN: tl.constexpr = (EARLY or MODE == 0) and POOL_ALL and not HOLD  # FRAME: nothing to hold through
     # L2 hints for pooled tiles, which read chunks twice; per-channel tiles read once and were not timed with them
     STREAM: tl.constexpr = ONCE if POOL_ALL else 0
     if EARLY:  # before the shift's loads, so that the two waits overlap
@@ -780,7 +780,7 @@ def running_norm_fwd(
         elif EARLY:
             xk, msk = tl.where(msk0, x0 - Kt, 0.0), msk0
         else:
-            xk, msk = _load(px, sxc, 0, offs_c, C, m_t, Kt, STREAM)  # [BLOCK_C, BLOCK_T]
+            xk, msk = _load(px, sxc, 0, offs_c, C, m_t, Kt, AGAIN if LEAN else STREAM)  # [BLOCK_C, BLOCK_T]
         ppre = pre_ptr + (seq.to(tl.int64) * NT + it) * (3 * SC) + offs_s
 
         if MODE == 3:  # GLOBAL, second launch: reduce the span summaries of this sequence (a strip has its own)
@@ -886,7 +886,7 @@ def running_norm_bwd(
     xb = x_ptr + b64 * sxb
     gyb = gy_ptr + b64 * sgb
     EARLY: tl.constexpr = (MODE == 1 or MODE == 2) and not STRIP  # as in the forward
-    LEAN: tl.constexpr = EARLY and POOL_ALL and not HOLD
+    LEAN: tl.constexpr = (EARLY or MODE == 0) and POOL_ALL and not HOLD  # FRAME: nothing to hold through
     if EARLY:
         m_e = _frame_mask(it, T, length, BLOCK_T)
         offs_e = (it * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)[None, :]

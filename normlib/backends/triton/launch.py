@@ -203,7 +203,13 @@ def choose_launch(B, C, T, per_channel, channels_last, mode, num_sms, nbytes, el
     backward's run-to-run spread). A pooled strip walk
     prefetches the next tile, so its tiles spread over 8 warps: [128, 64] at 4 warps spilled 0.6-2 KB per thread under Triton 3.6
     and the GLOBAL backward took 330 µs on (64, 128, 500) fp32 (a copy: 13 µs); at 8 warps 80 bytes, and
-    116 µs. Smaller tiles ([128, 32]) spill nothing but double the walk's steps (forward 43 µs against 34)."""
+    116 µs. Smaller tiles ([128, 32]) spill nothing but double the walk's steps (forward 43 µs against 34).
+    FRAME's pooled tiles read their first chunk again rather than hold it (lean): held, the backward's chunk of x
+    and dy stayed live through the loop over the others and spilled (bf16 [128, 64] with affine: 592 bytes a
+    thread; lean, 245 registers and none). Device time on the H200 (CUDA graphs, affine), held -> lean: training
+    step bf16 (16, 512, 16000) 861 -> 700 µs "b c t", 850 -> 713 "b t c", (2, 256, 64000) 237 -> 187 and 222 ->
+    191; fp32 within 3 %; forward fp32 (16, 512, 16000) 311 -> 299 "b c t", 321 -> 276 "b t c", bf16 243 -> 191
+    and 196 -> 150, but fp32 "b c t" (4, 512, 4000) 20.5 -> 23.2."""
     bc_b, bt, warps = choose_tiles(C, T, per_channel, channels_last, None, mode, elem_size)
     bc = bc_b
     if mode == FRAME and not per_channel and not channels_last:  # forward: 8192 values a tile, whatever the dtype
@@ -219,13 +225,16 @@ def choose_launch(B, C, T, per_channel, channels_last, mode, num_sms, nbytes, el
         warps = _OVERRIDE.get("warps", 8) if strip else warps
         warps_b = _OVERRIDE.get("warps", 8) if strip_b else warps_b
     bc_b = bc if per_channel else _OVERRIDE.get("bwd_block_c", bc_b)
-    lean, lean_b = (not per_channel and mode in (CUMULATIVE, EMA) and not s for s in (strip, strip_b))  # others
-    # have no look-back to wait on
-    hold = _OVERRIDE.get("hold", not lean or hold_for(B, C, T, bt, channels_last, num_sms, elem_size))
+    lean, lean_b = (not per_channel and mode in (CUMULATIVE, EMA) and not s for s in (strip, strip_b))
+    # FRAME's pooled tiles have no look-back to hold their first chunk through: they read it again, forward and
+    # backward (see the docstring); per-channel and GLOBAL tiles hold theirs
+    frame = not per_channel and mode == FRAME
+    hold = _OVERRIDE.get("hold", not frame and (not lean or hold_for(B, C, T, bt, channels_last, num_sms,
+                                                                      elem_size)))
     # a look-back backward never holds: freeing 26 to 118 registers (255 with a spill -> 223 in "b c t") measured
     # 0.44 -> 0.50 of a copy in "b t c" and 0.34 -> 0.38 in bf16, and no case slower beyond its spread
     return (bc, bt, warps, strip, bool(hold), bc_b, _OVERRIDE.get("bwd_warps", warps_b),
-            bool(_OVERRIDE.get("bwd_hold", not lean_b)), strip_b)
+            bool(_OVERRIDE.get("bwd_hold", not (lean_b or frame))), strip_b)
 
 
 class Plan(NamedTuple):
