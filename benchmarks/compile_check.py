@@ -10,6 +10,9 @@ input (a GPU-free proxy for a kernel's arithmetic and occupancy), e.g.
 
     PYTHONPATH=. python benchmarks/compile_check.py --resources --shape 16,512,16000 \
         --match POOL_ALL=False,MODE=1,HAS_W=False,layout=bct
+
+Each tile choice compiles with no options ("plain") and with every one ("full"); ``--flags layer`` compiles
+what a layer's training step runs (affine, saved prefixes, weight gradients: the graph stage's step).
 """
 from __future__ import annotations
 
@@ -39,10 +42,17 @@ PTR = {"x_ptr": "X", "y_ptr": "X", "gy_ptr": "X", "gx_ptr": "X", "w_ptr": "*fp32
        "p_ptr": "*fp32", "gw_ptr": "*fp32", "gb_ptr": "*fp32"}
 
 
-def configs():
+# The flag sets compiled per tile choice: "plain" (no options), "layer" (a layer's training step: affine weight
+# and bias, the forward's saved prefixes, the weight's gradient partials: what the graph stage's step times)
+# and "full" (every option on, and the strip walks of the running modes)
+FLAG_SETS = ("plain", "layer", "full")
+
+
+def configs(flag_sets=("plain", "full")):
     seen = set()
-    for (B, C, T), last, pc, mode, dt, full in itertools.product(
-            SHAPES, (False, True), (False, True), (0, 1, 2, 3), ("fp32", "bf16"), (False, True)):
+    for (B, C, T), last, pc, mode, dt, flags in itertools.product(
+            SHAPES, (False, True), (False, True), (0, 1, 2, 3), ("fp32", "bf16"), flag_sets):
+        full, layer = flags == "full", flags != "plain"
         es = 4 if dt == "fp32" else 2
         bc_f, bt, warps_f, strip_f, hold_f, bc_b, warps_b, hold_b, strip_b = launch.choose_launch(
             B, C, T, pc, last, mode, 132, B * C * T * es, es)
@@ -58,19 +68,20 @@ def configs():
                                                                        strip_b))):
             ints = dict(**{f"s{a}{k}": v for a in "xygd" for k, v in st.items()}, B=B, C=C, T=T,
                         NCB=triton.cdiv(C, bc) if pc else 1, NT=triton.cdiv(T, bt), NSPAN=3)
-            common = dict(POOL_ALL=not pc, MODE=mode, PHASE=phase, HAS_W=full, HAS_LEN=full,
+            common = dict(POOL_ALL=not pc, MODE=mode, PHASE=phase, HAS_W=layer, HAS_LEN=full,
                           HAS_SIN=full and causal and mode != 0, EPS_OUTSIDE=full, BLOCK_C=bc, BLOCK_T=bt,
                           SPAN=1 if strip else 2, WINDOW=launch.window_for(pc, B * ints["NCB"], 132),
                           DETERMINISTIC=full, AGG_ONLY=False, STRIP=bool(strip), HOLD=hold,
                           **launch.vec_for((B, C, T), ((st["b"], st["c"], st["t"]),)))
             if kernel is running_norm_fwd:
-                const = dict(common, HAS_B=full, STORE_SOUT=full and causal, STORE_PREFIX=full)
+                const = dict(common, HAS_B=layer, STORE_SOUT=full and causal, STORE_PREFIX=layer)
             else:
-                const = dict(common, HAS_GSOUT=full and causal, STORE_GW=full, FLIP=pc and warps == 1 and mode in (1, 2))
+                const = dict(common, HAS_GSOUT=full and causal, STORE_GW=layer,
+                             FLIP=pc and warps == 1 and mode in (1, 2))
             variants = [(const, phase, warps)]
             if mode == 3 and phase == 2 and not strip:  # GLOBAL tiles that read span_scan's totals
                 variants.append((dict(const, SCANNED=True), phase, warps))
-            if mode in (1, 2) and (seg or not full):  # SEG: segment sums, then walks (pooled: on 8 warps),
+            if mode in (1, 2) and (seg or flags == "plain"):  # SEG: segment sums, then walks (pooled: on 8 warps),
                 # their prefixes combined by the walk or read from span_scan's records
                 variants += [(dict(const, STRIP=True, SEG=True, SPAN=1, HOLD=True, SCANNED=sc), ph,
                               warps if pc else 8) for ph, sc in ((1, False), (2, False), (2, True))]
@@ -184,8 +195,12 @@ def main():
     p.add_argument("--resources", action="store_true", help="print registers and SASS counts")
     p.add_argument("--shape", help="B,C,T: only this benchmark shape")
     p.add_argument("--match", default="", help="NAME=VALUE,...: constexpr values (and layout=bct|btc) to keep")
+    p.add_argument("--flags", default="plain,full", help=f"flag sets, of {', '.join(FLAG_SETS)}")
     a = p.parse_args()
-    todo = list(configs())
+    flag_sets = a.flags.split(",")
+    if not set(flag_sets) <= set(FLAG_SETS):
+        p.error(f"--flags: expected some of {', '.join(FLAG_SETS)}, got {a.flags!r}")
+    todo = list(configs(flag_sets))
     if a.shape:
         B, C, T = (int(v) for v in a.shape.split(","))
         todo = [t for t in todo if (t[2]["B"], t[2]["C"], t[2]["T"]) == (B, C, T)]
@@ -214,7 +229,7 @@ def main():
                 kernel, const, ints, dt, warps, _ = args
                 print(kernel.fn.__name__, dt, "btc" if ints["sxc"] == 1 else "bct", f"warps={warps}",
                       {k: const.get(k) for k in ("POOL_ALL", "MODE", "PHASE", "BLOCK_C", "BLOCK_T", "STRIP",
-                                                 "HOLD", "HAS_W", "VEC_T", "VEC_C") if k in const},
+                                                 "HOLD", "HAS_W", "HAS_LEN", "VEC_T", "VEC_C") if k in const},
                       res[1], flush=True)
             if res[0] != "ok":
                 bad += 1

@@ -18,6 +18,18 @@ def test_compile_check_enumerates_each_kernels_own_tiles():
     assert scanned == {(k, m) for k in ("running_norm_fwd", "running_norm_bwd") for m in (1, 2, 3)}
 
 
+def test_compile_check_layer_flags_are_a_training_step():
+    """--flags layer compiles what a layer's training step runs: affine weight and bias, saved prefixes and
+    the weight's gradient partials, without lengths, states or the strip walks that "full" adds."""
+    layer = list(compile_check.configs(("layer",)))
+    assert layer and all(c["HAS_W"] and not c["HAS_LEN"] and not c.get("HAS_SIN") for k, c, *_ in layer
+                         if k.fn.__name__.startswith("running_norm"))
+    assert all(c["HAS_B"] and c["STORE_PREFIX"] for k, c, *_ in layer if k.fn.__name__ == "running_norm_fwd")
+    assert all(c["STORE_GW"] for k, c, *_ in layer if k.fn.__name__ == "running_norm_bwd")
+    full = [c for k, c, *_ in compile_check.configs(("full",)) if k.fn.__name__.startswith("running_norm")]
+    assert full and all(c["HAS_W"] and c["HAS_LEN"] for c in full)
+
+
 def test_ab_runs_each_variant_in_its_own_process_and_compares_bits():
     """ab.py's plumbing, untimed on the CPU (Triton's interpreter): the working tree against a copy of its
     own kernels gives the same bits; a kernels file whose statistics differ is flagged."""
