@@ -689,8 +689,9 @@ def running_norm_fwd(
         ctr_ptr, x_ptr, len_ptr, sxb, sxc, B, C, T, NCB, NT, MODE, POOL_ALL, HAS_LEN, BLOCK_C, SC, False, STRIP)
     xb = x_ptr + b64 * sxb
     EARLY: tl.constexpr = (MODE == 1 or MODE == 2) and not STRIP  # a look-back tile reads its first chunk
-    # a pooled look-back tile holds its first chunk through the look-back, or (LEAN) reads it again to write it
-    LEAN: tl.constexpr = (EARLY or MODE == 0) and POOL_ALL and not HOLD  # FRAME: nothing to hold through
+    # a pooled tile holds its first chunk (a look-back tile: through the look-back), or (LEAN) reads it again to
+    # write it; the launcher picks (FRAME: always lean; GLOBAL: held); a strip walk holds its tiles
+    LEAN: tl.constexpr = POOL_ALL and not HOLD and not STRIP
     # L2 hints for pooled tiles, which read chunks twice; per-channel tiles read once and were not timed with them
     STREAM: tl.constexpr = ONCE if POOL_ALL else 0
     if EARLY:  # before the shift's loads, so that the two waits overlap
@@ -886,7 +887,7 @@ def running_norm_bwd(
     xb = x_ptr + b64 * sxb
     gyb = gy_ptr + b64 * sgb
     EARLY: tl.constexpr = (MODE == 1 or MODE == 2) and not STRIP  # as in the forward
-    LEAN: tl.constexpr = (EARLY or MODE == 0) and POOL_ALL and not HOLD  # FRAME: nothing to hold through
+    LEAN: tl.constexpr = POOL_ALL and not HOLD and not STRIP  # as in the forward
     if EARLY:
         m_e = _frame_mask(it, T, length, BLOCK_T)
         offs_e = (it * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)[None, :]
