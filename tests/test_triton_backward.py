@@ -415,9 +415,10 @@ def test_per_channel_one_warp_tiles_take_suffix_sums_by_flips(name, dtype, monke
 def test_pooled_tiles_hold_or_read_again_their_first_chunk(name, layout, monkeypatch):
     """A pooled look-back tile either holds its first chunk of channels through the look-back or reads it
     again to write it (the launcher picks per shape, forward and backward apart; FRAME's tiles, with no
-    look-back, read it again by default, GLOBAL's hold it, and either may be forced). Both give the float64
-    reference's y and gradients, and the same bits as each other: only where x comes from differs. C=11 in
-    chunks of 4, 4 tiles of 4 frames, lengths, an incoming state, a loss on the returned state."""
+    look-back, read it again by default; GLOBAL's forward tiles hold it, its backward's read it again; either
+    may be forced). Both give the float64 reference's y and gradients, and the same bits as each other: only
+    where x comes from differs. C=11 in chunks of 4, 4 tiles of 4 frames, lengths, an incoming state, a loss
+    on the returned state."""
     B, C, T = 3, 11, 15
     layout = LAYOUTS[layout]
     x = make_x(B, C, T, layout, F32, offset=0.3)

@@ -734,9 +734,10 @@ def test_pooled_channels_last_tiles_are_longer_on_short_sequences():
 
 
 def test_pooled_lookback_forward_reads_its_first_chunk_again_when_its_tiles_fit_l2():
-    """The forward's hold flag (index 4), from the bytes of the tiles in flight on 132 SMs; the backward never
-    holds; FRAME's pooled tiles never hold (nothing to hold through: held, the backward spilled); per-channel
-    and GLOBAL tiles always hold, so that they compile one kernel."""
+    """The forward's hold flag (index 4), from the bytes of the tiles in flight on 132 SMs; no pooled backward
+    tile holds (index 7) but a strip's; FRAME's pooled tiles hold only in a "b c t" forward of one wave
+    (nothing to hold through: held, the backward spilled); per-channel tiles and GLOBAL's forward tiles
+    always hold, so that they compile one kernel."""
     def hold(B, C, T, last, es, pc=False, mode=launch.CUMULATIVE):
         f = launch.choose_launch(B, C, T, pc, last, mode, 132, B * C * T * es, es)
         return f[4], f[7]
@@ -748,10 +749,20 @@ def test_pooled_lookback_forward_reads_its_first_chunk_again_when_its_tiles_fit_
     assert hold(1, 128, 256000, False, 4) == (False, False)  # 17 MB
     assert hold(4, 256, 16000, True, 4, mode=launch.EMA) == (False, False)  # 22 MB
     assert hold(16, 256, 16000, False, 4) == (True, False)  # 35 MB: fp32 holds, 16-bit reads again
-    for kw in (dict(pc=True), dict(pc=True, mode=launch.FRAME), dict(mode=launch.GLOBAL)):
+    for kw in (dict(pc=True), dict(pc=True, mode=launch.FRAME)):
         assert hold(1, 128, 256000, False, 4, **kw) == (True, True), kw
+    for last, es in ((False, 4), (True, 2)):  # GLOBAL: the forward holds, the backward reads again
+        assert hold(16, 512, 16000, last, es, mode=launch.GLOBAL) == (True, False)
+    assert hold(256, 64, 300, False, 4, mode=launch.GLOBAL) == (True, True)  # strips (x read twice from L2)
     for last, es in ((False, 4), (True, 2)):
         assert hold(16, 512, 16000, last, es, mode=launch.FRAME) == (False, False)
+    # FRAME "b c t" holds where its tiles run in one wave and take more than hold_for's bytes (33 MB in fp32)
+    assert hold(4, 512, 4000, False, 4, mode=launch.FRAME) == (True, False)
+    assert hold(8, 512, 2000, False, 4, mode=launch.FRAME) == (True, False)
+    assert hold(4, 512, 4000, False, 2, mode=launch.FRAME) == (False, False)  # 16 MB
+    assert hold(4, 512, 4000, True, 4, mode=launch.FRAME) == (False, False)  # "b t c"
+    assert hold(2, 256, 6400, False, 4, mode=launch.FRAME) == (False, False)  # 13 MB
+    assert hold(16, 256, 2000, False, 4, mode=launch.FRAME) == (False, False)  # 1008 tiles: two waves
     assert hold(600, 64, 300, False, 4) == (True, True)  # a strip walk
 
 

@@ -209,7 +209,12 @@ def choose_launch(B, C, T, per_channel, channels_last, mode, num_sms, nbytes, el
     thread; lean, 245 registers and none). Device time on the H200 (CUDA graphs, affine), held -> lean: training
     step bf16 (16, 512, 16000) 861 -> 700 µs "b c t", 850 -> 713 "b t c", (2, 256, 64000) 237 -> 187 and 222 ->
     191; fp32 within 3 %; forward fp32 (16, 512, 16000) 311 -> 299 "b c t", 321 -> 276 "b t c", bf16 243 -> 191
-    and 196 -> 150, but fp32 "b c t" (4, 512, 4000) 20.5 -> 23.2."""
+    and 196 -> 150, but fp32 "b c t" (4, 512, 4000) 20.5 -> 23.2. That loss is where every tile runs in one
+    wave of lean programs and their bytes exceed hold_for's budget, so that the whole of x is read again at once
+    and misses L2: a FRAME "b c t" forward holds there (fp32, lean -> held: (4, 512, 4000) 23.6 -> 20.4 µs,
+    (8, 512, 2000) 24.1 -> 21.4; bf16 (4, 512, 4000), 16 MB, 15.6 against 16.0 held; in "b t c" holding lost,
+    fp32 (4, 512, 4000) 19.8 -> 27.1, and so it did on every shape of one chunk or of several waves, e.g. fp32
+    "b c t" (2, 256, 6400) 8.0 -> 11.2 and (16, 256, 2000) 21.0 -> 22.6)."""
     bc_b, bt, warps = choose_tiles(C, T, per_channel, channels_last, None, mode, elem_size)
     bc = bc_b
     if mode == FRAME and not per_channel and not channels_last:  # forward: 8192 values a tile, whatever the dtype
@@ -225,16 +230,20 @@ def choose_launch(B, C, T, per_channel, channels_last, mode, num_sms, nbytes, el
         warps = _OVERRIDE.get("warps", 8) if strip else warps
         warps_b = _OVERRIDE.get("warps", 8) if strip_b else warps_b
     bc_b = bc if per_channel else _OVERRIDE.get("bwd_block_c", bc_b)
-    lean, lean_b = (not per_channel and mode in (CUMULATIVE, EMA) and not s for s in (strip, strip_b))
-    # FRAME's pooled tiles have no look-back to hold their first chunk through: they read it again, forward and
-    # backward (see the docstring); per-channel and GLOBAL tiles hold theirs
+    lean = not per_channel and mode in (CUMULATIVE, EMA) and not strip
+    # FRAME's pooled tiles have no look-back to hold their first chunk through: they read it again, but for a
+    # "b c t" forward whose tiles all run in one wave (see the docstring); per-channel and GLOBAL forward tiles
+    # hold theirs (GLOBAL's forward timed the same either way)
     frame = not per_channel and mode == FRAME
-    hold = _OVERRIDE.get("hold", not frame and (not lean or hold_for(B, C, T, bt, channels_last, num_sms,
-                                                                      elem_size)))
-    # a look-back backward never holds: freeing 26 to 118 registers (255 with a spill -> 223 in "b c t") measured
-    # 0.44 -> 0.50 of a copy in "b t c" and 0.34 -> 0.38 in bf16, and no case slower beyond its spread
+    big = hold_for(B, C, T, bt, channels_last, num_sms, elem_size)
+    one_wave = B * triton.cdiv(T, bt) <= LEAN_BLOCKS[int(channels_last)] * num_sms
+    hold = _OVERRIDE.get("hold", (not channels_last and one_wave and big) if frame else (not lean or big))
+    # no pooled backward tile holds (a strip walk holds its tiles whatever the flag): in the look-back, freeing 26
+    # to 118 registers (255 with a spill -> 223 in "b c t") measured 0.44 -> 0.50 of a copy in "b t c" and 0.34
+    # -> 0.38 in bf16; GLOBAL's training step (CUDA graphs, affine) fell up to 4.7 %, bf16 (16, 512, 16000)
+    # 813 -> 793 µs "b c t" and 801 -> 772 "b t c", fp32 (4, 512, 4000) 90.2 -> 86.0 and 88.7 -> 84.7
     return (bc, bt, warps, strip, bool(hold), bc_b, _OVERRIDE.get("bwd_warps", warps_b),
-            bool(_OVERRIDE.get("bwd_hold", not (lean_b or frame))), strip_b)
+            bool(_OVERRIDE.get("bwd_hold", per_channel or bool(strip_b))), strip_b)
 
 
 class Plan(NamedTuple):
