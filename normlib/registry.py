@@ -35,6 +35,7 @@ def register(name: str, target=None, *, aliases=(), description: str | None = No
     else:
         raise TypeError(f"target must be a NormSpec or an nn.Module class, got {target!r}")
     _LAYERS[key] = cls
+    _ALIASES.pop(key, None)  # a name that overwrites an alias replaces it (aliases resolve first)
     _DESCRIPTIONS[key] = description or (cls.__doc__ or "").strip().split("\n")[0]
     for a in aliases:
         _ALIASES[normalize_name(a)] = key

@@ -190,6 +190,17 @@ def test_register_duplicates(uname):
     assert normlib.get(uname) is nn.LayerNorm
 
 
+def test_register_a_name_over_an_alias(uname):
+    """overwrite=True lets a new name take an alias's place: the name then resolves to the new class."""
+    spec = NormSpec(uname, Pool.ALL, TimeMode.CUMULATIVE, "Aliased", "aliased")
+    first = normlib.register(uname, spec, aliases=(uname + "alias",))
+    with pytest.raises(ValueError, match=r"already registered"):
+        normlib.register(uname + "alias", nn.LayerNorm)
+    assert normlib.register(uname + "alias", nn.LayerNorm, overwrite=True) is nn.LayerNorm
+    assert normlib.get(uname + "alias") is nn.LayerNorm
+    assert normlib.get(uname) is first
+
+
 @pytest.mark.parametrize("target", [42, "cln", nn.LayerNorm(4), lambda c: c], ids=["int", "str", "instance", "fn"])
 def test_register_bad_target(uname, target):
     with pytest.raises(TypeError, match=r"target must be a NormSpec or an nn.Module class"):

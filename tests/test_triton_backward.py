@@ -447,6 +447,39 @@ def test_pooled_tiles_hold_or_read_again_their_first_chunk(name, layout, monkeyp
         assert torch.equal(v, got[False][k]), f"{k}: holding the first chunk and reading it again differ"
 
 
+@pytest.mark.parametrize("name, walk", [("frameln", 1), ("gln", 1), ("gln", 2), ("cln", 2)])
+def test_a_forced_backward_walk_is_one_the_mode_has(name, walk):
+    """``bwd_strip`` is bounded by the mode as ``strip`` is: FRAME never walks (a walk of FRAME's tiles read
+    tile 0's data for every tile), GLOBAL walks whole sequences; the gradients are the reference's."""
+    B, C, T = 2, 5, 15
+    x = make_x(B, C, T, LAYOUTS["bct"], F32)
+    w, b = make_affine(C, F32)
+    gy, _gs = cotangents(name, x, B, C, False)
+    with tile_size(block_t=4, window=2, bwd_strip=walk):
+        got = gradients(name, x, w, b, eps_for(name), gy=gy)
+        tiles = launch.tiles_for(dev(x), SPECS[name].per_channel, SPECS[name].resolve_decay(None))
+    assert tiles[12] == {"frameln": 0, "gln": 1}.get(name, walk)
+    check_gradients(got, gradients(name, x, w, b, eps_for(name), gy=gy, oracle=True), F32)
+
+
+def test_forced_register_caps_reach_their_launches(monkeypatch):
+    """``tile_size(maxnreg=..., bwd_maxnreg=...)`` (for timing more programs per SM) reaches the forward's and
+    the backward's launches apart, and by default neither is passed; the result is the same bits."""
+    B, C, T = 2, 11, 15
+    x = make_x(B, C, T, LAYOUTS["bct"], F32)
+    w, b = make_affine(C, F32)
+    gy, _gs = cotangents("cln", x, B, C, False)
+    launched = _spy_launches(monkeypatch, ("maxnreg",))
+    got = []
+    for caps in ({}, dict(maxnreg=96, bwd_maxnreg=128)):
+        launched.clear()
+        with tile_size(block_t=4, window=2, block_c=4, **caps):
+            got.append(gradients("cln", x, w, b, eps_for("cln"), gy=gy))
+        want = {("fwd", caps.get("maxnreg", False)), ("bwd", caps.get("bwd_maxnreg", False))}
+        assert {(which, m) for which, *_, m in launched} == want, launched
+    for k, v in got[0].items():
+        assert torch.equal(v, got[1][k]), k
+
 # ---------------------------------------------------------------------------------------------------
 # Padding frames get exactly zero gradient, whatever dL/dy holds there
 # ---------------------------------------------------------------------------------------------------

@@ -671,6 +671,18 @@ def test_launcher_walks_sequences_in_one_program_only_when_there_are_enough():
         check_output(tri(name, dev(x), layout="b t c"), dev(x), ref(name, x, layout="b t c"), F32, name)
 
 
+def test_a_backward_alone_walking_segments_sizes_them_for_its_layout():
+    """Each pass's segments come from its own SEG_PER_SM entry: a forced per-channel "b c t" backward that walks
+    segments behind a forward that walks whole sequences takes 16 walks per SM, not the pooled 4."""
+    B, C, T = 2, 8, 4000
+    x = dev(make_x(B, C, T))
+    with tile_size(strip=1, bwd_strip=2):
+        tiles = launch.tiles_for(x, True, 1.0)
+    nt, ncb, sms = -(-T // tiles[1]), -(-C // tiles[0]), launch._num_sms(x.device)
+    assert (tiles[7], tiles[12]) == (1, 2)
+    assert tiles[13] == -(-nt // max(1, launch.SEG_PER_SM[1][1] * sms // (B * ncb)))
+
+
 def test_pooled_strip_walks_run_on_8_warps():
     """A pooled strip walk holds two tiles (it prefetches), so its tiles run on 8 warps, where the
     look-back's 4 would spill; forward and backward still agree with the reference on that tiling."""
@@ -813,6 +825,20 @@ def test_empty_time_hands_the_state_through(name):
     assert y.shape == (2, 5, 0)
     for got, given in zip(s, state):
         assert torch.equal(got.cpu(), given)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("name", NORMS)
+def test_empty_batch(name, layout):
+    """B = 0: an empty output and an empty gradient, as the PyTorch backend gives (the launcher once divided
+    by the number of sequences)."""
+    shape = (0, 5, 20) if layout == "b c t" else (0, 20, 5)
+    x = dev(torch.zeros(shape)).requires_grad_()
+    y = tri(name, x, layout=layout)
+    want = getattr(normlib.functional, name)(x.detach().cpu(), None, None, 1e-8, backend="torch", layout=layout)
+    assert y.shape == want.shape == shape
+    (gx,) = torch.autograd.grad(y.sum(), x)
+    assert gx.shape == shape
 
 
 @pytest.mark.parametrize("view", ["time-strided", "bct-channels-last", "btc-time-major"])

@@ -690,7 +690,8 @@ def running_norm_fwd(
     xb = x_ptr + b64 * sxb
     EARLY: tl.constexpr = (MODE == 1 or MODE == 2) and not STRIP  # a look-back tile reads its first chunk
     # a pooled tile holds its first chunk (a look-back tile: through the look-back), or (LEAN) reads it again to
-    # write it; the launcher picks (FRAME: always lean; GLOBAL: held); a strip walk holds its tiles
+    # write it; the launcher picks (FRAME: lean but for a "b c t" forward of one wave; GLOBAL: the forward
+    # holds, the backward is lean); a strip walk holds its tiles
     LEAN: tl.constexpr = POOL_ALL and not HOLD and not STRIP
     # L2 hints for pooled tiles, which read chunks twice; per-channel tiles read once and were not timed with them
     STREAM: tl.constexpr = ONCE if POOL_ALL else 0

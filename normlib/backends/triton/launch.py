@@ -39,7 +39,8 @@ _TILES: dict = {}
 
 @contextlib.contextmanager
 def tile_size(block_t=None, block_c=None, window=None, span=None, walk=None, warps=None, strip=None,
-              bwd_block_c=None, bwd_warps=None, hold=None, bwd_hold=None, bwd_strip=None):
+              bwd_block_c=None, bwd_warps=None, hold=None, bwd_hold=None, bwd_strip=None, maxnreg=None,
+              bwd_maxnreg=None):
     """Force tile sizes (tests use small tiles so that the look-back runs on small inputs; forced blocks run on
     the warps their size takes, 4 or 8, unless ``warps`` is forced too); ``walk``
     makes the look-back ignore published prefixes but tile 0's, so it crosses several windows; ``strip``
@@ -47,13 +48,15 @@ def tile_size(block_t=None, block_c=None, window=None, span=None, walk=None, war
     whether a pooled look-back tile holds its first chunk of channels (or reads it again); ``strip=2``
     walks the running modes in cdiv(tiles, span) segments of equal length (SEG: a first launch sums each
     segment, then one program walks each, from the sums of the segments before it, or in the backward after
-    it); ``bwd_*`` set the backward's own choices (a pooled backward's BLOCK_C and hold, any backward's
-    warps and strip)."""
+    it); ``maxnreg`` caps the registers of a thread (Triton's compile option; unset: the compiler's choice),
+    for timing what more programs per SM would give; ``bwd_*`` set the backward's own choices (a pooled
+    backward's BLOCK_C and hold, any backward's warps, strip and maxnreg)."""
     old = dict(_OVERRIDE)
     _OVERRIDE.update({k: v for k, v in dict(block_t=block_t, block_c=block_c, window=window, span=span,
                                             walk=walk, warps=warps, strip=strip, bwd_block_c=bwd_block_c,
                                             bwd_warps=bwd_warps, hold=hold, bwd_hold=bwd_hold,
-                                            bwd_strip=bwd_strip).items()
+                                            bwd_strip=bwd_strip, maxnreg=maxnreg,
+                                            bwd_maxnreg=bwd_maxnreg).items()
                       if v is not None})
     try:
         yield
@@ -172,7 +175,7 @@ def strip_for(mode, n_seq, n_tiles, per_channel, channels_last, num_sms, nbytes)
         return (2, 1) if not channels_last and n_seq >= STRIP_PER_SM_CH * num_sms else (2, 2)
     if n_seq >= STRIP_PER_SM * num_sms:
         return 1, 1
-    seg_len = triton.cdiv(n_tiles, max(1, SEG_PER_SM[0][0] * num_sms // n_seq))
+    seg_len = triton.cdiv(n_tiles, max(1, SEG_PER_SM[0][0] * num_sms // max(1, n_seq)))  # B = 0: no tiles
     return (2, 0) if not per_channel and channels_last and n_seq <= SEG_POOLED_SEQ and seg_len >= 8 else (0, 0)
 
 
@@ -194,9 +197,14 @@ def hold_for(B, C, T, block_t, channels_last, num_sms, elem_size) -> bool:
     return in_flight > LEAN_BYTES[elem_size][int(channels_last)]
 
 
+def _forced_walk(mode, forced) -> int:
+    """A forced strip as the mode allows it: FRAME never walks, GLOBAL walks whole sequences (no SEG)."""
+    return 0 if mode == FRAME else min(int(forced), 1) if mode == GLOBAL else int(forced)
+
+
 def choose_launch(B, C, T, per_channel, channels_last, mode, num_sms, nbytes, elem_size=4):
-    """(BLOCK_C, BLOCK_T, num_warps, strip, hold, backward BLOCK_C, backward num_warps, backward hold)
-    for a (B, C, T) input. The backward may chunk a pooled tile's channels differently and run on other
+    """(BLOCK_C, BLOCK_T, num_warps, strip, hold, backward BLOCK_C, backward num_warps, backward hold,
+    backward strip) for a (B, C, T) input. The backward may chunk a pooled tile's channels differently and run on other
     warps: it reads only the tiles' prefixes, which do not depend on them (per-channel tiles keep one BLOCK_C). FRAME's pooled
     "b c t" forward takes 8192 values a tile ([256, 32] in fp32: frameln (16, 512, 16000) 0.72 -> 0.80 of a
     copy on the H200); its backward keeps [128, 32] (0.64 there, and 0.66 at [256, 32]: within the
@@ -221,10 +229,10 @@ def choose_launch(B, C, T, per_channel, channels_last, mode, num_sms, nbytes, el
         bc = _OVERRIDE.get("block_c", min(triton.next_power_of_2(max(C, 1)), max(bc_b, 8192 // bt)))
     ncb = triton.cdiv(C, bc) if per_channel else 1
     strip, strip_b = strip_for(mode, B * ncb, triton.cdiv(T, bt), per_channel, channels_last, num_sms, nbytes)
-    if "strip" in _OVERRIDE:  # forced: forward and backward alike (SEG: running modes only)
-        forced = int(_OVERRIDE["strip"])
-        strip = strip_b = 0 if mode == FRAME else min(forced, 1) if mode == GLOBAL else forced
-    strip_b = int(_OVERRIDE.get("bwd_strip", strip_b))
+    if "strip" in _OVERRIDE:  # forced: forward and backward alike
+        strip = strip_b = _forced_walk(mode, _OVERRIDE["strip"])
+    if "bwd_strip" in _OVERRIDE:
+        strip_b = _forced_walk(mode, _OVERRIDE["bwd_strip"])
     warps_b = warps
     if not per_channel:  # a pooled walk holds two tiles
         warps = _OVERRIDE.get("warps", 8) if strip else warps
@@ -263,9 +271,9 @@ class Plan(NamedTuple):
 def tiles_for(x, per_channel, decay=None) -> list[int]:
     """The launch choices for x, as ints an op can carry: [block_c, block_t, warps, window, span, walk,
     deterministic, strip, hold, backward block_c, backward warps, backward hold, backward strip, backward
-    span]. Forward and backward take the same list, so they always agree on the tiling (``backward_tiles``
-    gives the backward's view of it). Eager calls look them up in a cache (the host path of a small call is
-    longer than its kernel)."""
+    span, maxnreg, backward maxnreg (0: the compiler's choice)]. Forward and backward take the same list, so
+    they always agree on the tiling (``backward_tiles`` gives the backward's view of it). Eager calls look them
+    up in a cache (the host path of a small call is longer than its kernel)."""
     if torch.compiler.is_compiling():
         return _tiles_for(x, per_channel, decay)
     key = (x.shape, x.stride(), x.dtype, per_channel, time_mode(decay), x.device,
@@ -287,10 +295,10 @@ def _tiles_for(x, per_channel, decay) -> list[int]:
         x.element_size())
     ncb = triton.cdiv(C, bc) if per_channel else 1
     window = _OVERRIDE.get("window", window_for(per_channel, B * ncb, _num_sms(x.device)))
-    per_sm = SEG_PER_SM[int(per_channel) * (1 + int(channels_last))] if strip == 2 else (4, 4)  # int():
-    # dynamo rejects a bool index
+    row = SEG_PER_SM[int(per_channel) * (1 + int(channels_last))]  # int(): dynamo rejects a bool index
     if time_mode(decay) == EMA:  # see SEG_PER_SM
-        per_sm = (per_sm[1], per_sm[1])
+        row = (row[1], row[1])
+    per_sm = (row[0] if strip == 2 else 4, row[1] if strip_b == 2 else 4)  # each pass's own: SEG or not
     nt = triton.cdiv(T, bt)
     sms = _num_sms(x.device)
     span_f, span_b = (max(1, triton.cdiv(nt, max(1, k * sms // max(1, B * ncb)))) for k in per_sm)
@@ -302,7 +310,7 @@ def _tiles_for(x, per_channel, decay) -> list[int]:
     deterministic = torch.are_deterministic_algorithms_enabled()
     walk = bool(_OVERRIDE.get("walk")) and not deterministic  # a walk would hide the prefix it waits for
     return [bc, bt, warps, window, span, int(walk), int(deterministic), int(strip), int(hold), bc_b, warps_b,
-            int(hold_b), strip_b, span_b]
+            int(hold_b), strip_b, span_b, int(_OVERRIDE.get("maxnreg", 0)), int(_OVERRIDE.get("bwd_maxnreg", 0))]
 
 
 def backward_tiles(tiles) -> list[int]:
@@ -346,13 +354,13 @@ def _workspace(device, n_words):
     return ws, ctr
 
 
-def _launch(kernel, p: Plan, tiles, x, B, per_channel, backward=False, **kw):
+def _launch(kernel, p: Plan, tiles, x, B, per_channel, backward=False, maxnreg=0, **kw):
     """Run the kernel: one launch with the look-back, or GLOBAL's two, or a plain grid for FRAME, or a
     strip walk of each sequence, or SEG's two (segment sums, then walks of the segments)."""
     strip = bool(tiles[7])
     flags = dict(POOL_ALL=not per_channel, MODE=p.mode, BLOCK_C=p.block_c, BLOCK_T=p.block_t, WINDOW=p.window,
                  DETERMINISTIC=bool(tiles[6]), AGG_ONLY=bool(tiles[5]), STRIP=strip, HOLD=bool(tiles[8]),
-                 num_warps=p.warps)
+                 num_warps=p.warps, **({"maxnreg": maxnreg} if maxnreg else {}))
     sizes = dict(B=B, C=x.shape[1], T=x.shape[2], NCB=p.ncb, NT=p.nt, NSPAN=p.nspan, log2d=p.log2d)
     if p.mode == GLOBAL and strip:  # one launch: each program sums its sequence, then normalizes it
         kernel[(B * p.ncb,)](**kw, ws_ptr=x, ctr_ptr=x, **sizes, PHASE=2, SPAN=1, **flags)
@@ -428,12 +436,12 @@ def forward(x, weight, bias, lengths, sin, *, per_channel, decay, eps, eps_outsi
         alloc = torch.empty if p.mode in (CUMULATIVE, EMA) else torch.zeros
         pre = alloc(prefix_numel(x.shape, per_channel, decay, tiles), dtype=torch.float32, device=x.device)
     if x.numel():
-        _launch(running_norm_fwd, p, tiles, x, B, per_channel, x_ptr=x, y_ptr=y, w_ptr=_or(weight, y),
-                b_ptr=_or(bias, y), len_ptr=_or(lengths, y), sin_ptr=_or(sin, y), sout_ptr=_or(sout, y),
-                pre_ptr=_or(pre, y), sxb=x.stride(0), sxc=x.stride(1), sxt=x.stride(2), syb=y.stride(0),
-                syc=y.stride(1), syt=y.stride(2), eps=eps, HAS_W=weight is not None, HAS_B=bias is not None,
-                HAS_LEN=lengths is not None, HAS_SIN=sin is not None, STORE_SOUT=sout is not None,
-                STORE_PREFIX=pre is not None, EPS_OUTSIDE=eps_outside,
+        _launch(running_norm_fwd, p, tiles, x, B, per_channel, maxnreg=tiles[14], x_ptr=x, y_ptr=y,
+                w_ptr=_or(weight, y), b_ptr=_or(bias, y), len_ptr=_or(lengths, y), sin_ptr=_or(sin, y),
+                sout_ptr=_or(sout, y), pre_ptr=_or(pre, y), sxb=x.stride(0), sxc=x.stride(1), sxt=x.stride(2),
+                syb=y.stride(0), syc=y.stride(1), syt=y.stride(2), eps=eps, HAS_W=weight is not None,
+                HAS_B=bias is not None, HAS_LEN=lengths is not None, HAS_SIN=sin is not None,
+                STORE_SOUT=sout is not None, STORE_PREFIX=pre is not None, EPS_OUTSIDE=eps_outside,
                 **vec_for(x.shape, (x.stride(), y.stride())))
     else:
         y.zero_()
@@ -445,7 +453,7 @@ def backward(gy, gsout, x, weight, lengths, sin, pre, *, per_channel, decay, eps
     """Gradients of ``forward``: (dx, dweight, dbias, dstate as (3, B, C|1) float64, or None where not
     asked). ``gsout`` is the (3, B, C|1) gradient of the returned state, or None."""
     B, C, T = x.shape
-    tiles = backward_tiles(tiles)
+    maxnreg, tiles = tiles[15], backward_tiles(tiles)
     p = plan(x.shape, per_channel, decay, tiles)
     nsc = C if per_channel else 1
     weight, lengths, sin, gsout = (_dense(t) for t in (weight, lengths, sin, gsout))
@@ -459,8 +467,8 @@ def backward(gy, gsout, x, weight, lengths, sin, pre, *, per_channel, decay, eps
         sin = None
     gwp = torch.empty(2, B, p.nt, C, dtype=torch.float32, device=x.device) if need_weight_grads else None
     if x.numel():
-        _launch(running_norm_bwd, p, tiles, x, B, per_channel, backward=True, x_ptr=x, gy_ptr=gy, gx_ptr=gx,
-                w_ptr=_or(weight, gx), len_ptr=_or(lengths, gx), sin_ptr=_or(sin, gx),
+        _launch(running_norm_bwd, p, tiles, x, B, per_channel, backward=True, maxnreg=maxnreg, x_ptr=x, gy_ptr=gy,
+                gx_ptr=gx, w_ptr=_or(weight, gx), len_ptr=_or(lengths, gx), sin_ptr=_or(sin, gx),
                 gsout_ptr=_or(gsout, gx), gsin_ptr=_or(gsin if sin is not None else None, gx), pre_ptr=pre,
                 gwp_ptr=gwp[0] if gwp is not None else gx, gbp_ptr=gwp[1] if gwp is not None else gx,
                 sxb=x.stride(0), sxc=x.stride(1), sxt=x.stride(2), sgb=gy.stride(0), sgc=gy.stride(1),
