@@ -13,6 +13,8 @@ input (a GPU-free proxy for a kernel's arithmetic and occupancy), e.g.
 
 Each tile choice compiles with no options ("plain") and with every one ("full"); ``--flags layer`` compiles
 what a layer's training step runs (affine, saved prefixes, weight gradients: the graph stage's step).
+``--maxnreg N`` caps the registers of a thread, as ``launch.tile_size(maxnreg=N)`` does on a GPU, to count
+what a cap spills before timing it.
 """
 from __future__ import annotations
 
@@ -99,7 +101,9 @@ def configs(flag_sets=("plain", "full")):
         yield sum_partials, dict(BLOCK_R=512, BLOCK_C=8), dict(R=R, C=C, B=0, T=0, sxc=0), "fp32", 4, False
 
 
-def compile_one(args):
+def compile_one(args, maxnreg=0):
+    """Compile one specialization for sm_90 (``maxnreg``: cap the registers of a thread, as the launcher's
+    forced ``maxnreg`` does)."""
     kernel, const, ints, dt, warps, phase1 = args
     params = inspect.signature(kernel.fn).parameters
     names = list(params)
@@ -122,7 +126,8 @@ def compile_one(args):
             if ints[n] % 16 == 0:
                 attrs[(i,)] = [["tt.divisibility", 16]]
     src = ASTSource(fn=kernel, signature=sig, constexprs=c, attrs=attrs)
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": warps, **({"maxnreg": maxnreg} if maxnreg else {})})
     return k
 
 
@@ -178,9 +183,9 @@ def resources(k, const=None, ints=None, warps=4) -> str:
                   f"pipe bound {us:.0f} µs")
 
 
-def _child(args, q, report):
+def _child(args, q, report, maxnreg=0):
     try:
-        k = compile_one(args)
+        k = compile_one(args, maxnreg)
         kernel, const, ints, dt, warps, _ = args
         per_tile = (const, ints, warps) if "STRIP" in const else ()  # the template's kernels: a cost per element
         q.put(("ok", resources(k, *per_tile) if report else ""))
@@ -196,6 +201,8 @@ def main():
     p.add_argument("--shape", help="B,C,T: only this benchmark shape")
     p.add_argument("--match", default="", help="NAME=VALUE,...: constexpr values (and layout=bct|btc) to keep")
     p.add_argument("--flags", default="plain,full", help=f"flag sets, of {', '.join(FLAG_SETS)}")
+    p.add_argument("--maxnreg", type=int, default=0,
+                   help="cap the registers of a thread (0: the compiler's choice)")
     a = p.parse_args()
     flag_sets = a.flags.split(",")
     if not set(flag_sets) <= set(FLAG_SETS):
@@ -219,7 +226,7 @@ def main():
         procs = []
         for args in todo[i:i + a.jobs]:
             q = ctx.Queue()
-            pr = ctx.Process(target=_child, args=(args, q, a.resources))
+            pr = ctx.Process(target=_child, args=(args, q, a.resources, a.maxnreg))
             pr.start()
             procs.append((args, pr, q))
         for args, pr, q in procs:

@@ -87,6 +87,18 @@ def test_forward_l2_hints_in_its_ptx():
     assert vector_ops(False) == {"ld.global.v4", "st.global.v4"}
 
 
+def test_compile_check_caps_registers():
+    """--maxnreg reaches the compiler: the PTX of the pooled "b t c" forward with a layer's flags (141 registers
+    at (16, 512, 16000) fp32 under Triton 3.6) carries the cap, which ptxas must keep."""
+    import re
+    (args,) = [a for a in compile_check.configs(("layer",))
+               if a[0].fn.__name__ == "running_norm_fwd" and a[3] == "fp32" and a[1]["MODE"] == 1
+               and a[1]["POOL_ALL"] and a[2]["sxc"] == 1 and not a[1]["STRIP"]
+               and (a[2]["B"], a[2]["C"], a[2]["T"]) == (16, 512, 16000)][:1]
+    assert ".maxnreg" not in compile_check.compile_one(args).asm["ptx"]
+    assert re.search(r"\.maxnreg\s+128\b", compile_check.compile_one(args, 128).asm["ptx"])
+
+
 def test_gpu_report_grad_shapes_select_segmented_rows():
     """--grad-shapes takes BxCxT, or BxCxT:seg for the running norms walked in segments, so one device call
     can run just the rows a former call's time limit cut."""
