@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import time
 
 import torch
@@ -101,7 +103,11 @@ def main(argv=None) -> int:
     d.add_argument("--frames", type=int, default=2000)
     d.add_argument("--offset", type=float, default=100.0)
     args = p.parse_args(argv)
-    return {"list": cmd_list, "demo": cmd_demo}[args.cmd](args) or 0
+    try:
+        return {"list": cmd_list, "demo": cmd_demo}[args.cmd](args) or 0
+    except BrokenPipeError:  # the reader stopped early (`| head`): no traceback, and none at exit either
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":

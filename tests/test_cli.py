@@ -1,0 +1,43 @@
+"""`python -m normlib`: the list of norms and the demo (the README's `make demo` runs it on its defaults)."""
+import subprocess
+import sys
+
+import pytest
+
+import normlib
+from normlib.__main__ import main
+
+
+def test_list_prints_every_norm_with_its_aliases(capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0].split()[:2] == ["name", "pooled"]
+    names = [line.split()[0] for line in lines[2:]]
+    assert names == sorted(normlib.available())
+    assert "cumln, cgln" in next(line for line in lines if line.startswith("cln "))
+
+
+def test_demo_on_a_small_input_passes(capsys, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # the PyTorch backend on the CPU: quick
+    assert main(["demo", "--batch", "2", "--channels", "6", "--frames", "40"]) == 0
+    out = capsys.readouterr().out
+    assert "(B, C, T) = (2, 6, 40)" in out and out.rstrip().endswith("OK (threshold 1e-4)")
+    for name in normlib.available():
+        assert f"\n{name} " in out
+
+
+def test_a_reader_that_stops_early_gets_no_traceback():
+    """`python -m normlib list | head -1`: the closed pipe ends the command quietly."""
+    p = subprocess.Popen([sys.executable, "-m", "normlib", "list"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.close()  # before anything is written: the first write meets a closed pipe
+    err = p.stderr.read().decode()
+    p.wait(timeout=60)
+    assert "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("argv", [[], ["nonsense"]])
+def test_bad_commands_exit_with_usage(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2 and "usage: normlib" in capsys.readouterr().err
