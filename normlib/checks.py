@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import functools
-import math
 from typing import NamedTuple
 
 import torch
@@ -50,7 +49,8 @@ def _check_options(spec: NormSpec, eps, eps_mode, decay, layout, backend):
         raise ValueError(f"backend must be one of {NAMES}, got {backend!r}")
     if eps_mode not in EPS_MODES:
         raise ValueError(f"eps_mode must be one of {EPS_MODES}, got {eps_mode!r}")
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
+    # eps - eps == 0: math.isfinite, which dynamo cannot trace on a symbolic float (dynamic=True)
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps - eps == 0 or eps < 0:
         raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
     decay = spec.resolve_decay(decay)
     if decay is not None:
@@ -95,6 +95,8 @@ def check_inputs(spec: NormSpec, x, weight, bias, eps, eps_mode, decay, lengths,
     if lengths is not None:
         if not isinstance(lengths, torch.Tensor):
             lengths = torch.as_tensor(lengths, device=x.device)
+            if not lengths.numel():  # [] (B = 0) reads as float32
+                lengths = lengths.long()
         if lengths.shape != (B,):
             raise ValueError(f"lengths must have shape ({B},) (one length per batch item), got {tuple(lengths.shape)}")
         if lengths.dtype.is_floating_point or lengths.dtype.is_complex or lengths.dtype == torch.bool:
@@ -105,6 +107,8 @@ def check_inputs(spec: NormSpec, x, weight, bias, eps, eps_mode, decay, lengths,
             lo, hi = torch.stack(torch.aminmax(lengths)).tolist()  # one device sync, not two
             if lo < 0 or hi > T:
                 raise ValueError(f"lengths must lie in [0, T={T}], got values in [{lo}, {hi}]")
+        elif B:  # traced: no host sync, so the check runs in the graph (a device-side assert on a GPU)
+            torch._assert_async(((lengths >= 0) & (lengths <= T)).all(), "lengths must lie in [0, T]")
         lengths = lengths.to(torch.int64)
 
     if (state is not None or return_state) and not spec.causal:

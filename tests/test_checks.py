@@ -113,6 +113,30 @@ def test_lengths_out_of_range(name, lengths):
         run(name, x_(B=2, T=6), lengths=torch.tensor(lengths))
 
 
+def test_lengths_out_of_range_under_torch_compile():
+    """Traced, the check cannot read lengths on the host: it runs in the graph and fails the call (eager
+    raises the ValueError above). Once it returned a silently wrong state."""
+    f = torch.compile(lambda x, L: run("cln", x, lengths=L, return_state=True), backend="aot_eager",
+                      fullgraph=True)
+    assert f(x_(B=2, T=6), torch.tensor([6, 2]))[1].w.tolist() == [24.0, 8.0]
+    with pytest.raises(RuntimeError, match=r"lengths must lie in \[0, T\]"):
+        f(x_(B=2, T=6), torch.tensor([9, -2]))
+
+
+def test_a_layer_compiles_with_dynamic_shapes():
+    """dynamic=True makes eps a symbolic float, which math.isfinite could not take."""
+    layer = normlib.create("cln", 4)
+    f = torch.compile(layer, backend="aot_eager", fullgraph=True, dynamic=True)
+    x = x_(B=2, T=9)
+    torch.testing.assert_close(f(x), layer(x))
+
+
+@pytest.mark.parametrize("name", NORMS)
+def test_empty_batch_takes_an_empty_list_of_lengths(name):
+    x = torch.zeros(0, 4, 6)
+    assert run(name, x, lengths=[]).shape == x.shape
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bool, torch.complex64])
 @pytest.mark.parametrize("name", NORMS)
 def test_lengths_non_integer(name, dtype):

@@ -582,3 +582,11 @@ def test_generic_norm_entry_point(name):
     x = make_x(2, 5, 12)
     assert torch.equal(normlib.functional.norm(SPECS[name], x, backend="torch"), run(name, x))
     assert getattr(normlib.functional, name).__name__ == name
+
+
+@pytest.mark.parametrize("name", NORMS)
+def test_empty_time_keeps_y_on_the_graph(name):
+    """T = 0: y is empty but still depends on x, so a loss over it back-propagates (once it raised)."""
+    x = torch.randn(2, 4, 0, requires_grad=True)
+    (gx,) = torch.autograd.grad(run(name, x).sum(), x)
+    assert gx.shape == x.shape

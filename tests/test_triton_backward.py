@@ -462,6 +462,45 @@ def test_a_forced_backward_walk_is_one_the_mode_has(name, walk):
     check_gradients(got, gradients(name, x, w, b, eps_for(name), gy=gy, oracle=True), F32)
 
 
+@pytest.mark.parametrize("eps_mode", ["outside", "inside"])
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("name, C", [("ccln", 4), ("ccemaln", 4), ("instln", 4), ("cln", 1), ("frameln", 1),
+                                     ("gln", 1)])
+def test_a_statistic_of_one_value_keeps_float32_gradients(name, C, backend, eps_mode):
+    """A value that is its statistic's only one (frame 0 per channel, or over one channel; a row of length 1
+    in GLOBAL) normalizes to exactly 0. Its rstd (1/sqrt(eps)) once scaled backward terms that cancelled in
+    float32: ccln's dx with eps outside was 20 % off float64. Float32 gradients against float64 autograd of
+    the reference, several tiles, lengths (a row of length 1)."""
+    B, T = 2, 20
+    x = make_x(B, C, T, LAYOUTS["bct"], F32, offset=0.0)
+    gy, _gs = cotangents(name, x, B, C, False)
+    kw = dict(gy=gy, lengths=torch.tensor([T, 1]), eps_mode=eps_mode, requires=("x",))
+    want = gradients(name, x, None, None, 1e-8, oracle=True, **kw)
+    if backend == "triton":
+        with tile_size(block_t=4, window=2, block_c=4):
+            got = gradients(name, x, None, None, 1e-8, **kw)
+    else:
+        xt = x.clone().requires_grad_()
+        y = getattr(normlib.functional, name)(xt, None, None, 1e-8, backend="torch", eps_mode=eps_mode,
+                                              lengths=kw["lengths"])
+        got = dict(x=torch.autograd.grad(y, xt, gy)[0])
+    assert_rel(got["x"], want["x"], TOL[F32], f"{name} {backend} dx")
+
+
+def test_eps_0_with_padding_keeps_weight_gradients_finite():
+    """eps = 0 at padding frames (a row of length 0 has no variance at all): the PyTorch backend once made
+    weight.grad NaN there (0 / 0, masked in the forward, 0 * NaN in the backward)."""
+    x = make_x(2, 4, 6, LAYOUTS["bct"], F32)
+    for backend in ("torch", "triton"):
+        for name in ("cln", "emaln", "frameln", "gln", "instln"):
+            w = torch.ones(4, requires_grad=True)
+            xx = dev(x) if backend == "triton" else x
+            y = getattr(normlib.functional, name)(xx, dev(w) if backend == "triton" else w, None, 0.0,
+                                                  backend=backend, lengths=[6, 0])
+            (gw,) = torch.autograd.grad(y.sum(), w)
+            assert torch.isfinite(gw).all(), (name, backend, gw)
+
+
 def test_forced_register_caps_reach_their_launches(monkeypatch):
     """``tile_size(maxnreg=..., bwd_maxnreg=...)`` (for timing more programs per SM) reaches the forward's and
     the backward's launches apart, and by default neither is passed; the result is the same bits."""

@@ -22,6 +22,16 @@ def frame_stats(x, valid, per_channel) -> NormState:
     return NormState(v.to(x.dtype) * x.shape[1], torch.where(v, m, 0), torch.where(v, m2, 0))
 
 
+def _live_var(var, valid, w=None):
+    """var at valid frames, and with ``w`` where a statistic holds more than one value; 1 elsewhere. Padding
+    normalizes to 0, and so does a value that is its statistic's only one (frame 0 with no incoming state,
+    per channel or over one channel: its own mean, which nothing can move), whatever the variance; 1 keeps
+    autograd's terms there finite (0 / 0 with eps = 0 at padding made weight.grad NaN) and at the scale of dy
+    (1/sqrt(eps) ones cancelled in float32: ccln's dx with eps outside was 20 % off). An incoming state,
+    even of weight 0, keeps the variance: y then moves with its weight."""
+    return torch.where(valid if w is None else valid & (w > 1), var, 1)
+
+
 def running_scan(s: NormState, decay: float) -> NormState:
     """Inclusive scan over the last dim: entry t becomes the merge of frames 0..t."""
     T, k = s.w.shape[-1], 1
@@ -38,7 +48,7 @@ def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mod
     B, C, T = x.shape
     if T == 0:  # no frame: nothing to normalize; the state passes through
         empty = NormState.empty((B, C) if per_channel else (B,), device=x.device)
-        return x.new_empty(x.shape), (state if state is not None else empty) if return_state else None
+        return x.clone(), (state if state is not None else empty) if return_state else None  # y keeps x's graph
     sd = torch.float64 if x.dtype == torch.float64 else torch.float32
     valid = torch.ones(B, 1, T, dtype=torch.bool, device=x.device)
     if lengths is not None:
@@ -62,7 +72,7 @@ def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mod
         count = valid.to(sd).expand_as(xs).sum(dims, keepdim=True)
         mu = xs.sum(dims, keepdim=True) / torch.where(count > 0, count, 1)
         var = torch.where(valid, (xs - mu).square(), 0).sum(dims, keepdim=True) / torch.where(count > 0, count, 1)
-        y = torch.where(valid, normalize(xs, mu, var, weight, bias, eps, eps_mode), 0)
+        y = torch.where(valid, normalize(xs, mu, _live_var(var, valid, count), weight, bias, eps, eps_mode), 0)
         return y.to(x.dtype), None
 
     s = frame_stats(xs, valid, per_channel)  # fields (B, T) or (B, C, T)
@@ -73,7 +83,7 @@ def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mod
             s = merge(rel.map(lambda t: t[..., None]), s, d_t)
 
     expand = (lambda t: t) if per_channel else (lambda t: t[:, None])
-    mu, var = expand(s.m), expand(s.var)
+    mu, var = expand(s.m), _live_var(expand(s.var), valid, expand(s.w) if state is None else None)
     y = torch.where(valid, normalize(xs, mu, var, weight, bias, eps, eps_mode), 0).to(x.dtype)
     if not return_state:
         return y, None

@@ -618,6 +618,23 @@ def _rstd(var, eps, EPS_OUTSIDE: tl.constexpr):
 
 
 @triton.jit
+def _one_value(r, w, t0, MODE: tl.constexpr, HAS_SIN: tl.constexpr):
+    """r, but 1 where a statistic holds one value (weight w <= 1: frame 0 with no incoming state, per channel
+    or over one channel; in FRAME, a frame of one channel). That value is its own mean, so it normalizes to
+    exactly 0 whatever r is, and nothing can move it off 0; r = 1 keeps the backward's terms there at the
+    scale of dy, where terms of 1/sqrt(eps) cancelled in float32 (ccln with eps outside: dx off by 20 %).
+    Only tile 0 can hold one. An incoming state, even of weight 0, keeps r: y then moves with its weight."""
+    one = t0 == 0
+    if MODE == 0:
+        one = t0 >= 0
+    if HAS_SIN:
+        one = t0 < 0
+    if one:
+        r = tl.where(w > 1, r, 1.0)
+    return r
+
+
+@triton.jit
 def _multiple(v, A: tl.constexpr):
     """v, which the launcher found to be a multiple of A, in a form the compiler knows to be one."""
     if A > 1:
@@ -801,6 +818,7 @@ def running_norm_fwd(
                     tl.store(ppre + 2 * SC, mq)
             mean = mm[:, None] + tl.zeros([SC, BLOCK_T], tl.float32)
             var = (mq / tl.where(mw > 0, mw, 1.0))[:, None] + tl.zeros([SC, BLOCK_T], tl.float32)
+            wt = mw[:, None] + tl.zeros([SC, BLOCK_T], tl.float32)
         else:
             sw, sm, sq = _frame_stats(xk, msk, m_t, 0, C, BLOCK_C, POOL_ALL)
             for c0 in range(BLOCK_C, CL, BLOCK_C):
@@ -832,9 +850,10 @@ def running_norm_fwd(
             else:
                 var = sq / tl.where(sw > 0, sw, 1.0)
             mean = sm
+            wt = sw
 
         # ---- normalize each chunk and write it once
-        r = _rstd(var, eps, EPS_OUTSIDE)
+        r = _one_value(_rstd(var, eps, EPS_OUTSIDE), wt, t0, MODE, HAS_SIN)
         py = y_ptr + b64 * syb + offs_t.to(tl.int64)[None, :] * syt
         in_t = offs_t < T  # padding frames are written as 0
         if not LEAN:
@@ -901,7 +920,7 @@ def running_norm_bwd(
         gw_ = tl.load(ppre)
         mean1 = tl.load(ppre + SC)
         var1 = tl.load(ppre + 2 * SC) / tl.where(gw_ > 0, gw_, 1.0)
-        r1 = _rstd(var1, eps, EPS_OUTSIDE)
+        r1 = _one_value(_rstd(var1, eps, EPS_OUTSIDE), gw_, 0, MODE, HAS_SIN)
         if PHASE == 1 or STRIP:  # span sums of A = sum(g) and Bt = sum(g * xhat) (a strip: its sequence's)
             sa = tl.zeros([SC], dtype=tl.float32)
             sb = tl.zeros([SC], dtype=tl.float32)
@@ -987,7 +1006,7 @@ def running_norm_bwd(
             var = var1[:, None] + tl.zeros([SC, BLOCK_T], tl.float32)
             sw = gw_[:, None] + tl.zeros([SC, BLOCK_T], tl.float32)
             rW = 1.0 / tl.where(sw > 0, sw, 1.0)
-            r = _rstd(var, eps, EPS_OUTSIDE)
+            r = _one_value(_rstd(var, eps, EPS_OUTSIDE), sw, t0, MODE, HAS_SIN)
             if STRIP:
                 ta, tb = sa, sb
             elif SCANNED:  # span_scan has summed the spans: the first record
@@ -1031,7 +1050,7 @@ def running_norm_bwd(
                 rW = 1.0 / tl.where(sw > 0, sw, 1.0)
                 var = sq * rW
             mean = sm
-            r = _rstd(var, eps, EPS_OUTSIDE)
+            r = _one_value(_rstd(var, eps, EPS_OUTSIDE), sw, t0, MODE, HAS_SIN)
             Bt = r * (G + (fm - mean) * A)  # sum over the frame's channels of g * xhat
 
         # ---- dL/dmu_t and dL/dvar_t of each frame's statistics
