@@ -73,7 +73,7 @@ def configs(flag_sets=("plain", "full")):
             common = dict(POOL_ALL=not pc, MODE=mode, PHASE=phase, HAS_W=layer, HAS_LEN=full,
                           HAS_SIN=full and causal and mode != 0, EPS_OUTSIDE=full, BLOCK_C=bc, BLOCK_T=bt,
                           SPAN=1 if strip else 2, WINDOW=launch.window_for(pc, B * ints["NCB"], 132),
-                          DETERMINISTIC=full, AGG_ONLY=False, STRIP=bool(strip), HOLD=hold,
+                          DETERMINISTIC=full, AGG_ONLY=False, STRIP=bool(strip), HOLD=hold, LONE=pc or C == 1,
                           **launch.vec_for((B, C, T), ((st["b"], st["c"], st["t"]),)))
             if kernel is running_norm_fwd:
                 const = dict(common, HAS_B=layer, STORE_SOUT=full and causal, STORE_PREFIX=layer)

@@ -360,7 +360,8 @@ def _launch(kernel, p: Plan, tiles, x, B, per_channel, backward=False, maxnreg=0
     strip = bool(tiles[7])
     flags = dict(POOL_ALL=not per_channel, MODE=p.mode, BLOCK_C=p.block_c, BLOCK_T=p.block_t, WINDOW=p.window,
                  DETERMINISTIC=bool(tiles[6]), AGG_ONLY=bool(tiles[5]), STRIP=strip, HOLD=bool(tiles[8]),
-                 num_warps=p.warps, **({"maxnreg": maxnreg} if maxnreg else {}))
+                 LONE=per_channel or x.shape[1] == 1, num_warps=p.warps,
+                 **({"maxnreg": maxnreg} if maxnreg else {}))
     sizes = dict(B=B, C=x.shape[1], T=x.shape[2], NCB=p.ncb, NT=p.nt, NSPAN=p.nspan, log2d=p.log2d)
     if p.mode == GLOBAL and strip:  # one launch: each program sums its sequence, then normalizes it
         kernel[(B * p.ncb,)](**kw, ws_ptr=x, ctr_ptr=x, **sizes, PHASE=2, SPAN=1, **flags)
