@@ -519,6 +519,25 @@ def test_forced_register_caps_reach_their_launches(monkeypatch):
     for k, v in got[0].items():
         assert torch.equal(v, got[1][k]), k
 
+
+@pytest.mark.parametrize("name, C, forced, lone", [("cln", 11, None, False), ("cln", 1, None, True),
+                                                   ("ccln", 11, None, True), ("frameln", 11, 1, True),
+                                                   ("ccemaln", 11, 0, True)])
+def test_the_one_value_check_is_compiled_where_a_statistic_can_hold_one(monkeypatch, name, C, forced, lone):
+    """LONE (the check for a statistic of one value) is on for per-channel norms and C = 1, off for pooled
+    tiles of more channels (it cost a pooled bf16 "b t c" forward 20 registers); ``tile_size(lone=1)`` turns it
+    on for timing, and nothing turns it off where it is needed. Forward and backward agree, and so do the
+    gradients, whichever it is."""
+    B, T = 2, 15
+    x = make_x(B, C, T, LAYOUTS["bct"], F32)
+    gy, _gs = cotangents(name, x, B, C, False)
+    launched = _spy_launches(monkeypatch, ("LONE",))
+    with tile_size(block_t=4, window=2, block_c=4, **({} if forced is None else dict(lone=forced))):
+        got = gradients(name, x, None, None, eps_for(name), gy=gy)
+    assert {(which, m) for which, *_, m in launched} == {("fwd", lone), ("bwd", lone)}, launched
+    want = gradients(name, x, None, None, eps_for(name), gy=gy, oracle=True)
+    check_gradients(got, want, F32)
+
 # ---------------------------------------------------------------------------------------------------
 # Padding frames get exactly zero gradient, whatever dL/dy holds there
 # ---------------------------------------------------------------------------------------------------
