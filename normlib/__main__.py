@@ -68,7 +68,7 @@ def cmd_demo(args) -> int:
         spec = getattr(get(name), "spec", None)
         if spec is None:
             continue
-        ref = reference.REFERENCES[name](x64, w64, b64)
+        ref = reference.for_spec(spec)(x64, w64, b64)  # a user's registered spec has no named reference
         for dev in devices:
             x, w, b = (t.to(dev, torch.float32) for t in (x64, w64, b64))
             names = ["torch"] + (["triton"] if backends.triton_usable(x) else [])

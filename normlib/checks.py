@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import numbers
 from typing import NamedTuple
 
 import torch
@@ -50,16 +51,21 @@ def _check_options(spec: NormSpec, eps, eps_mode, decay, layout, backend):
     if eps_mode not in EPS_MODES:
         raise ValueError(f"eps_mode must be one of {EPS_MODES}, got {eps_mode!r}")
     # eps - eps == 0: math.isfinite, which dynamo cannot trace on a symbolic float (dynamic=True)
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps - eps == 0 or eps < 0:
+    if not _real(eps) or not eps - eps == 0 or eps < 0:
         raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
     decay = spec.resolve_decay(decay)
     if decay is not None:
-        if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0.0 <= decay <= 1.0:
+        if not _real(decay) or not 0.0 <= decay <= 1.0:
             raise ValueError(f"decay must be a number in [0, 1], got {decay!r}")
         decay = float(decay)
         if decay == 0 and spec.per_channel:
             raise ValueError(f"decay=0 makes {spec.name!r} a per-channel single-frame norm (variance 0): refused")
     return decay, layout
+
+
+def _real(v) -> bool:
+    """A real number, bools aside: Python's, or numpy's scalars (np.float32(1e-5) from a config)."""
+    return not isinstance(v, bool) and (isinstance(v, (int, float)) or isinstance(v, numbers.Real))
 
 
 _options_seen = functools.lru_cache(maxsize=1024, typed=True)(_check_options)  # errors are never cached

@@ -7,6 +7,8 @@ cancelling catastrophically under a DC offset.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 
@@ -133,3 +135,11 @@ def instln(x, weight=None, bias=None, eps=1e-8, **kw):
 
 
 REFERENCES = {f.__name__: f for f in (cln, ccln, gln, emaln, frameln, instln, ccemaln)}
+
+
+def for_spec(spec):
+    """The reference of any spec, a registered one's own included: ``fn(x, weight, bias, eps, **kw)``."""
+    decay = spec.resolve_decay(None)
+    if decay is None:
+        return functools.partial(global_norm, per_channel=spec.per_channel)
+    return functools.partial(running_norm, per_channel=spec.per_channel, decay=decay)

@@ -271,6 +271,24 @@ def test_eps_zero_and_int_accepted():
     assert torch.equal(run("cln", x, eps=1), run("cln", x, eps=1.0))
 
 
+def test_numpy_scalars_are_numbers():
+    """eps and decay from a numpy config (np.float32, np.float64, np.int64) are taken as the numbers they hold;
+    np.bool_ is refused like bool. np.float32 was once refused."""
+    np = pytest.importorskip("numpy")
+    x = x_()
+    assert torch.equal(run("cln", x, eps=np.float32(0.5)), run("cln", x, eps=float(np.float32(0.5))))
+    assert torch.equal(run("cln", x, eps=np.int64(1)), run("cln", x, eps=1.0))
+    assert torch.equal(run("emaln", x, decay=np.float32(0.5)), run("emaln", x, decay=0.5))
+    assert torch.equal(run("emaln", x, decay=np.float64(0.25)), run("emaln", x, decay=0.25))
+    normlib.create("emaln", 4, eps=np.float32(1e-5), decay=np.float32(0.9))
+    with pytest.raises(ValueError, match=r"eps must be a finite number >= 0"):
+        run("cln", x, eps=np.bool_(True))
+    with pytest.raises(ValueError, match=r"eps must be a finite number >= 0"):
+        run("cln", x, eps=np.float32("nan"))
+    with pytest.raises(ValueError, match=r"decay must be a number in \[0, 1\]"):
+        run("emaln", x, decay=np.float32(1.5))
+
+
 def test_remembered_options_still_refuse_lookalikes():
     """Good options are remembered, by value and type: 1 and 1.0 accepted do not let True (== 1, same
     hash) or decay=True through, and an unhashable argument still gets its own error."""

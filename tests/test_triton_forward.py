@@ -20,7 +20,7 @@ import normlib
 from normlib import backends
 from normlib.backends.triton import launch, tile_size
 from conftest import (padding_mask, DC_OFFSET_TOL, NORMS, SPECS, TOL, assert_rel, assert_state_close, make_affine,
-                      make_state, make_x, ref, run)
+                      make_state, make_x, ref, run, state_shape)
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 F32, F16 = torch.float32, torch.float16
@@ -934,6 +934,28 @@ def test_zero_variance_with_eps_0_outside_gives_0(name):
     expected = ref(name, x, eps=0.0, eps_mode="outside")
     assert not torch.isnan(y).any()
     assert_rel(y, expected, TOL[F32], name)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("name", NORMS)
+def test_no_channels_give_an_empty_y_and_pass_the_state_through(name, backend):
+    """C = 0: no value is seen, so y is empty (and on x's graph) and the returned state is the incoming one,
+    or the empty one. The PyTorch backend once gave NaN pooled states and raised IndexError in frameln."""
+    to = dev if backend == "triton" else (lambda t: t)
+    x = to(torch.randn(2, 0, 5)).requires_grad_()
+    kw = dict(backend=backend)
+    if not SPECS[name].causal:
+        y = getattr(normlib.functional, name)(x, **kw)
+    else:
+        shape = state_shape(name, 2, 0)
+        incoming = normlib.NormState(*(to(torch.full(shape, v, dtype=SD)) for v in (3.0, 0.5, 2.0)))
+        for state, want in ((None, normlib.NormState.empty(shape, SD)), (incoming, incoming)):
+            y, s = getattr(normlib.functional, name)(x, state=state, return_state=True, **kw)
+            for got, exp in zip(s, want):
+                assert got.dtype == SD and torch.equal(got.cpu(), exp.cpu()), (name, state is None, s)
+    assert y.shape == x.shape
+    (gx,) = torch.autograd.grad(y.sum(), x)
+    assert gx.shape == x.shape
 
 
 @pytest.mark.parametrize("name", ["cln", "ccln"])

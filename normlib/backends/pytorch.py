@@ -46,7 +46,7 @@ def running_scan(s: NormState, decay: float) -> NormState:
 def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mode, return_state):
     """x: (B, C, T) view in any strides; decay None means GLOBAL. Returns (y, state or None)."""
     B, C, T = x.shape
-    if T == 0:  # no frame: nothing to normalize; the state passes through
+    if T == 0 or C == 0:  # no frame or no channel: nothing to normalize, no value seen; the state passes through
         empty = NormState.empty((B, C) if per_channel else (B,), device=x.device)
         return x.clone(), (state if state is not None else empty) if return_state else None  # y keeps x's graph
     sd = torch.float64 if x.dtype == torch.float64 else torch.float32
