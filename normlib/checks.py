@@ -33,6 +33,16 @@ class Checked(NamedTuple):
     layout: str
 
 
+def check_num_channels(num_channels) -> int:
+    """A layer's C: an integer >= 0 (Python's, numpy's or a 0-d integer tensor; not a bool)."""
+    if isinstance(num_channels, torch.Tensor) and num_channels.dim() == 0 and not (
+            num_channels.is_floating_point() or num_channels.is_complex() or num_channels.dtype == torch.bool):
+        num_channels = int(num_channels)
+    if isinstance(num_channels, bool) or not isinstance(num_channels, numbers.Integral) or num_channels < 0:
+        raise ValueError(f"num_channels must be an integer >= 0, got {num_channels!r}")
+    return int(num_channels)
+
+
 def check_options(spec: NormSpec, eps, eps_mode, decay, layout, backend):
     """The hyper-parameters; returns (decay as the kernels use it, layout normalized). A layer passes the
     same ones on every call, so good ones are remembered (by value and type: True is not 1)."""

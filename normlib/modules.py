@@ -1,10 +1,12 @@
 """``nn.Module`` layers. One base class; each norm of the family is that class bound to its spec."""
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
-from .checks import check_options
+from .checks import check_num_channels, check_options
 from .functional import norm
 from .spec import FAMILY, NormSpec, TimeMode
 
@@ -47,7 +49,7 @@ class NormLayer(nn.Module):
                  layout: str = "b c t", backend: str = "auto", device=None, dtype=None):
         factory_kwargs = {"device": device, "dtype": dtype}
         super().__init__()
-        self.num_channels = num_channels
+        self.num_channels = num_channels = check_num_channels(num_channels)
         decay, self.layout = check_options(self.spec, eps, eps_mode, decay, layout, backend)
         self.decay = decay if self.spec.time is TimeMode.EMA else None
         self.eps, self.eps_mode, self.backend = eps, eps_mode, backend
@@ -55,6 +57,15 @@ class NormLayer(nn.Module):
         self.weight = nn.Parameter(torch.empty(num_channels, **factory_kwargs)) if elementwise_affine else None
         self.bias = nn.Parameter(torch.empty(num_channels, **factory_kwargs)) if elementwise_affine and bias else None
         self.reset_parameters()
+
+    def __reduce_ex__(self, protocol):
+        # a class that layer_class made for a registered spec is no attribute of this module, where pickle would
+        # look it up: it is rebuilt from the spec. Any other class (the built-in ones, a user's subclass)
+        # pickles by name, as usual.
+        cls = type(self)
+        if cls.__dict__.get("_from_spec") and globals().get(cls.__name__) is not cls:
+            return _rebuild, (self.spec,), self.__dict__
+        return super().__reduce_ex__(protocol)
 
     def reset_parameters(self) -> None:
         if self.weight is not None:
@@ -81,7 +92,28 @@ class NormLayer(nn.Module):
 def layer_class(spec: NormSpec) -> type[NormLayer]:
     """The layer class of a spec: ``NormLayer`` bound to it."""
     doc = f"{spec.description}.\n\n" + (NormLayer.__doc__ or "")
-    return type(spec.class_name, (NormLayer,), {"spec": spec, "__doc__": doc, "__module__": __name__})
+    return type(spec.class_name, (NormLayer,), {"spec": spec, "__doc__": doc, "__module__": __name__,
+                                                "_from_spec": True})
+
+
+def _rebuild(spec: NormSpec) -> NormLayer:
+    """An empty layer of ``spec`` for pickle to fill: the registered class where its spec is this one (so a
+    copy in the same process has the original's class), else a class made from the spec."""
+    from .registry import _LAYERS, resolve_name
+
+    try:
+        cls = _LAYERS[resolve_name(spec.name)]
+    except (KeyError, ValueError):
+        cls = None
+    if getattr(cls, "spec", None) != spec:
+        cls = _unregistered_class(spec)
+    return cls.__new__(cls)
+
+
+@functools.lru_cache(maxsize=None)
+def _unregistered_class(spec: NormSpec) -> type[NormLayer]:
+    """One class per spec for the layers that unpickle where their spec is not registered."""
+    return layer_class(spec)
 
 
 _CLASSES = {s.name: layer_class(s) for s in FAMILY}

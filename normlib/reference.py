@@ -52,6 +52,8 @@ def running_norm(x, weight=None, bias=None, eps=1e-8, *, per_channel, decay, eps
     y_dtype, sd = x.dtype, (torch.float64 if x.dtype == torch.float64 else torch.float32)
     x = x.to(sd)
     B, C, T = x.shape
+    if state is not None:  # its weight is a count, which nothing differentiable moves: no gradient
+        state = NormState(state.w.detach(), state.m, state.m2)
     if T == 0:  # no frame: the state passes through
         empty = NormState.empty((B, C) if per_channel else (B,), device=x.device)
         return (x.to(y_dtype), state if state is not None else empty) if return_state else x.to(y_dtype)

@@ -57,6 +57,23 @@ def test_channel_count_mismatch_in_layer(name, layout):
         layer_wrong(x)
 
 
+@pytest.mark.parametrize("num_channels", [2.5, -1, True, "4", None])
+def test_bad_num_channels(num_channels):
+    """A layer's C is an integer >= 0: 2.5 was accepted (every call then failed), -1 and "4" gave torch's
+    errors, which do not name the argument."""
+    with pytest.raises(ValueError, match=r"num_channels must be an integer >= 0"):
+        normlib.create("cln", num_channels)
+
+
+def test_numpy_num_channels_is_an_int():
+    np = pytest.importorskip("numpy")
+    for c in (np.int64(4), torch.tensor(4)):
+        layer = normlib.create("cln", c)
+        assert type(layer.num_channels) is int and layer.weight.shape == (4,)
+    with pytest.raises(ValueError, match=r"num_channels must be an integer >= 0"):
+        normlib.create("cln", torch.tensor(4.0))
+
+
 def test_channel_count_mismatch_functional():
     with pytest.raises(ValueError, match=r"num_channels=5"):
         F.cln(x_(C=4), backend="torch", num_channels=5)

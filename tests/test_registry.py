@@ -235,3 +235,47 @@ def test_family_specs():
     assert SPECS["emaln"].resolve_decay(0.3) == 0.3
     assert SPECS["frameln"].resolve_decay(None) == 0.0 and SPECS["cln"].resolve_decay(None) == 1.0
     assert SPECS["gln"].resolve_decay(None) is None
+
+
+def test_a_registered_specs_layer_pickles(uname):
+    """pickle (and torch.save of a whole model) finds a class by module and name; a registered spec's class is
+    no attribute of normlib.modules, so pickling raised PicklingError. It is rebuilt from the spec: the same
+    class in this process, the same parameters and output."""
+    import copy
+    import io
+    import pickle
+
+    spec = normlib.NormSpec(uname, normlib.Pool.ALL, normlib.TimeMode.EMA, "UserEMA", "mine", decay=0.5)
+    normlib.register(uname, spec)
+    layer = normlib.create(uname, 4, eps=1e-5)
+    with torch.no_grad():
+        layer.weight.mul_(2)
+    x = torch.randn(2, 4, 9)
+    buf = io.BytesIO()
+    torch.save(nn.Sequential(layer), buf)
+    buf.seek(0)
+    for back in (pickle.loads(pickle.dumps(layer)), copy.deepcopy(layer), torch.load(buf, weights_only=False)[0]):
+        assert type(back) is type(layer) and back.spec == spec and back.eps == 1e-5
+        assert torch.equal(back.weight, layer.weight) and torch.equal(back(x), layer(x))
+    builtin = pickle.loads(pickle.dumps(normlib.create("cln", 4)))
+    assert type(builtin) is normlib.CumulativeLayerNorm
+    sub = pickle.loads(pickle.dumps(_ScaledCLN(4)))  # a user's subclass keeps its class (pickled by name)
+    assert type(sub) is _ScaledCLN and type(copy.deepcopy(sub)) is _ScaledCLN
+    sub_of_spec = type("Sub", (type(layer),), {})
+    assert type(copy.deepcopy(sub_of_spec(4))) is sub_of_spec
+
+
+def test_layers_of_an_unregistered_spec_unpickle_into_one_class(uname):
+    """Where the spec is not registered (another process), every layer of it comes back with one class."""
+    import pickle
+
+    spec = normlib.NormSpec(uname, normlib.Pool.CHANNEL, normlib.TimeMode.CUMULATIVE, "UserCC", "mine")
+    blob = pickle.dumps([normlib.layer_class(spec)(3), normlib.layer_class(spec)(3)])
+    a, b = pickle.loads(blob)
+    assert type(a) is type(b) and a.spec == spec and type(a).__name__ == "UserCC"
+
+
+class _ScaledCLN(normlib.CumulativeLayerNorm):
+    def forward(self, x, **kw):
+        return 2 * super().forward(x, **kw)
+

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import normlib
+import normlib.backends
 from normlib.backends import pytorch as pytorch_backend
 from conftest import (CAUSAL, DC_OFFSET_TOL, EMA, GLOBAL, LAYOUTS, NORMS, SPECS, TOL, assert_rel,
                       assert_state_close, examples, make_affine, make_lengths, make_state, make_x, ref,
@@ -272,8 +273,8 @@ def test_gradcheck(name, with_state, with_lengths, eps_mode):
     x = make_x(B, C, T, dtype=F64, offset=0.2).requires_grad_()
     w, b = (t.requires_grad_() for t in make_affine(C, F64))
     inputs = [x, w, b]
-    if with_state:
-        inputs += [t.requires_grad_() for t in make_state(name, B, C, F64)]
+    if with_state:  # the weight, a count, gets no gradient (test_a_states_weight_gets_no_gradient)
+        inputs += [t.requires_grad_(i > 0) for i, t in enumerate(make_state(name, B, C, F64))]
     lengths = torch.tensor([T, 2, 0]) if with_lengths else None
     kw = dict(eps_mode=eps_mode, lengths=lengths)
     if name in EMA:
@@ -590,3 +591,11 @@ def test_empty_time_keeps_y_on_the_graph(name):
     x = torch.randn(2, 4, 0, requires_grad=True)
     (gx,) = torch.autograd.grad(run(name, x).sum(), x)
     assert gx.shape == x.shape
+    w, b = (t.requires_grad_() for t in make_affine(4, torch.float32))  # zero gradients, not None (DDP would
+    # take them for unused parameters), as on the Triton backend
+    y = run(name, x, w, b)
+    assert y.dtype == x.dtype
+    both = (y, run(name, x, w, b, backend="triton")) if normlib.backends.triton_usable(x) else (y,)
+    for backend_y in both:
+        gw, gb = torch.autograd.grad(backend_y.sum(), (w, b))
+        assert torch.equal(gw, torch.zeros(4)) and torch.equal(gb, torch.zeros(4))

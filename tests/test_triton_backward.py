@@ -20,7 +20,8 @@ import torch
 import normlib
 from normlib import backends
 from normlib.backends.triton import launch, tile_size
-from conftest import padding_mask, NORMS, SPECS, TOL, assert_rel, make_affine, make_lengths, make_state, make_x, ref
+from conftest import (padding_mask, NORMS, SPECS, TOL, assert_rel, make_affine, make_lengths, make_state, make_x, ref,
+                      state_shape)
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 F32, F16 = torch.float32, torch.float16
@@ -487,6 +488,49 @@ def test_a_statistic_of_one_value_keeps_float32_gradients(name, C, backend, eps_
     assert_rel(got["x"], want["x"], TOL[F32], f"{name} {backend} dx")
 
 
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("name, C", [("ccln", 4), ("ccemaln", 4), ("cln", 1), ("emaln", 1), ("cln", 5)])
+def test_an_empty_incoming_state_is_no_state(name, C, backend):
+    """A stream started from NormState.empty (or after a row with lengths 0) gives what no state gives: y
+    (0 at a statistic of one value, not NaN, with eps = 0) and dx within float32 of float64 (with r =
+    1/sqrt(eps) the 1e8 terms cancelled: 100 % off with eps outside). The state's weight, a count, gets no
+    gradient on either backend, nor in the reference; its mean and M2 do."""
+    B, T = 2, 20
+    x = make_x(B, C, T, LAYOUTS["bct"], F32, offset=1.0)
+    gy, gs = cotangents(name, x, B, C, True)
+    empty = normlib.NormState.empty(state_shape(name, B, C), SD)
+    kw = dict(gy=gy, gs=gs, eps_mode="outside", requires=("x", "state"))
+    want = gradients(name, x, None, None, 1e-8, oracle=True, state=empty, **kw)
+    if backend == "triton":
+        with tile_size(block_t=4, window=2, block_c=4):
+            got = gradients(name, x, None, None, 1e-8, state=empty, **kw)
+            y0 = tri_or_torch(name, dev(x), 0.0, empty.to(DEVICE), backend)
+    else:
+        got = _torch_gradients(name, x, empty, gy, gs)
+        y0 = tri_or_torch(name, x, 0.0, empty, backend)
+    assert torch.isfinite(y0).all(), y0
+    assert_rel(y0.cpu(), tri_or_torch(name, x, 0.0, None, "torch"), TOL[F32], f"{name} eps=0 y")
+    assert not got["state.w"].any() and not want["state.w"].any()
+    check_gradients(got, want, F32, f"{name} {backend}")
+
+
+def tri_or_torch(name, x, eps, state, backend):
+    return getattr(normlib.functional, name)(x, None, None, eps, backend=backend, state=state)
+
+
+def _torch_gradients(name, x, state, gy, gs):
+    """gradients() through the PyTorch backend, on the CPU."""
+    xt = x.clone().requires_grad_()
+    st = normlib.NormState(*(t.clone().requires_grad_() for t in state))
+    y, s = getattr(normlib.functional, name)(xt, None, None, 1e-8, backend="torch", state=st, eps_mode="outside",
+                                             return_state=True)
+    loss = (y * gy).sum() + sum((f * g).sum() for f, g in zip(s, gs))
+    got = torch.autograd.grad(loss, [xt, *st], allow_unused=True)
+    names = ["x"] + [f"state.{f}" for f in ("w", "m", "m2")]
+    ins = [xt, *st]
+    return {k: torch.zeros_like(v) if g is None else g for k, v, g in zip(names, ins, got)}
+
+
 def test_eps_0_with_padding_keeps_weight_gradients_finite():
     """eps = 0 at padding frames (a row of length 0 has no variance at all): the PyTorch backend once made
     weight.grad NaN there (0 / 0, masked in the forward, 0 * NaN in the backward)."""
@@ -597,8 +641,11 @@ def chunked_gradients(name, x, w, b, state, sizes, gy, gs, layout, lengths=None,
         t0 += n
     loss = loss + sum((f * (g if oracle else dev(g))).sum() for f, g in zip(s, gs))
     inner = [f for s_ in boundaries[:-1] for f in s_]
-    got = torch.autograd.grad(loss, xs + wb + list(st) + inner, allow_unused=True)
-    got = [torch.zeros_like(t) if g is None else g for t, g in zip(xs + wb + list(st) + inner, got)]
+    wrt = xs + wb + list(st) + inner
+    live = [t for t in wrt if t.requires_grad]  # a state's weight, a count, is off the graph (the reference's)
+    found = iter(torch.autograd.grad(loss, live, allow_unused=True))
+    got = [next(found) if t.requires_grad else None for t in wrt]
+    got = [torch.zeros_like(t) if g is None else g for t, g in zip(wrt, got)]
     n = len(xs)
     grads = dict(x=torch.cat(got[:n], dim=tdim(layout)), weight=got[n], bias=got[n + 1],
                  **dict(zip(STATE_FIELDS, got[n + 2: n + 5])))

@@ -24,11 +24,12 @@ def frame_stats(x, valid, per_channel) -> NormState:
 
 def _live_var(var, valid, w=None):
     """var at valid frames, and with ``w`` where a statistic holds more than one value; 1 elsewhere. Padding
-    normalizes to 0, and so does a value that is its statistic's only one (frame 0 with no incoming state,
-    per channel or over one channel: its own mean, which nothing can move), whatever the variance; 1 keeps
-    autograd's terms there finite (0 / 0 with eps = 0 at padding made weight.grad NaN) and at the scale of dy
-    (1/sqrt(eps) ones cancelled in float32: ccln's dx with eps outside was 20 % off). An incoming state,
-    even of weight 0, keeps the variance: y then moves with its weight."""
+    normalizes to 0, and so does a value that is its statistic's only one (frame 0 with no incoming state or
+    one of weight 0, per channel or over one channel: its own mean, which nothing can move), whatever the
+    variance; 1 keeps autograd's terms there finite (0 / 0 with eps = 0 at padding made weight.grad NaN, and y
+    NaN after an empty state) and at the scale of dy (1/sqrt(eps) ones cancelled in float32: ccln's dx with eps
+    outside was 20 % off, 100 % after an empty state). Only the state's weight could see r there: it gets no
+    gradient."""
     return torch.where(valid if w is None else valid & (w > 1), var, 1)
 
 
@@ -46,9 +47,15 @@ def running_scan(s: NormState, decay: float) -> NormState:
 def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mode, return_state):
     """x: (B, C, T) view in any strides; decay None means GLOBAL. Returns (y, state or None)."""
     B, C, T = x.shape
+    if state is not None:  # its weight is a count, which nothing differentiable moves: no gradient
+        state = NormState(state.w.detach(), state.m, state.m2)
     if T == 0 or C == 0:  # no frame or no channel: nothing to normalize, no value seen; the state passes through
         empty = NormState.empty((B, C) if per_channel else (B,), device=x.device)
-        return x.clone(), (state if state is not None else empty) if return_state else None  # y keeps x's graph
+        y = x.clone()  # on x's graph, and on the affine parameters' (zero gradients, as on the Triton backend)
+        for p in (weight, bias):
+            if p is not None:
+                y = y + (p.sum() * 0).to(y.dtype)
+        return y, (state if state is not None else empty) if return_state else None
     sd = torch.float64 if x.dtype == torch.float64 else torch.float32
     valid = torch.ones(B, 1, T, dtype=torch.bool, device=x.device)
     if lengths is not None:
@@ -83,7 +90,7 @@ def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mod
             s = merge(rel.map(lambda t: t[..., None]), s, d_t)
 
     expand = (lambda t: t) if per_channel else (lambda t: t[:, None])
-    mu, var = expand(s.m), _live_var(expand(s.var), valid, expand(s.w) if state is None else None)
+    mu, var = expand(s.m), _live_var(expand(s.var), valid, expand(s.w))
     y = torch.where(valid, normalize(xs, mu, var, weight, bias, eps, eps_mode), 0).to(x.dtype)
     if not return_state:
         return y, None

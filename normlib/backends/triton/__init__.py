@@ -126,7 +126,8 @@ def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mod
     launch.check_dtype(x)
     B, C = x.shape[:2]
     nsc = C if per_channel else 1
-    sin = None if state is None else torch.stack(list(state)).reshape(3, B, nsc)
+    # the state's weight is a count, which nothing differentiable moves: no gradient (None, as on the PyTorch backend)
+    sin = None if state is None else torch.stack([state.w.detach(), state.m, state.m2]).reshape(3, B, nsc)
     save = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (x, weight, bias, sin))
     args = (x, weight, bias, lengths, sin, per_channel, decay, float(eps), eps_mode == "outside", return_state,

@@ -618,12 +618,14 @@ def _rstd(var, eps, EPS_OUTSIDE: tl.constexpr):
 
 
 @triton.jit
-def _one_value(r, w, t0, MODE: tl.constexpr, HAS_SIN: tl.constexpr, LONE: tl.constexpr):
-    """r, but 1 where a statistic holds one value (weight w <= 1: frame 0 with no incoming state, per channel
-    or over one channel; in FRAME, a frame of one channel). That value is its own mean, so it normalizes to
-    exactly 0 whatever r is, and nothing can move it off 0; r = 1 keeps the backward's terms there at the
-    scale of dy, where terms of 1/sqrt(eps) cancelled in float32 (ccln with eps outside: dx off by 20 %).
-    Only tile 0 can hold one. An incoming state, even of weight 0, keeps r: y then moves with its weight.
+def _one_value(r, w, t0, MODE: tl.constexpr, LONE: tl.constexpr):
+    """r, but 1 where a statistic holds one value (weight w <= 1: frame 0 with no incoming state or one of
+    weight 0, per channel or over one channel; in FRAME, a frame of one channel). That value is its own mean,
+    so it normalizes to exactly 0 whatever r is, and nothing can move it off 0; r = 1 keeps the backward's
+    terms there at the scale of dy, where terms of 1/sqrt(eps) cancelled in float32 (ccln with eps outside: dx
+    off by 20 %; with an empty incoming state, 100 %) and eps = 0 gave 0 * inf. Only tile 0 can hold one. (A
+    state's weight gets no gradient, or r would reach it here: the launcher zeroes it. A state of weight below
+    2^-24 / decay also passes for empty: y at frame 0 then moves by at most 2.4e-4.)
     LONE (per channel, or C = 1) compiles the check in: a pooled tile of more channels cannot hold one, and
     the check took its bf16 "b t c" forward from 96 to 116 registers (327 -> 407 µs at (16, 512, 16000))."""
     if not LONE:
@@ -631,8 +633,6 @@ def _one_value(r, w, t0, MODE: tl.constexpr, HAS_SIN: tl.constexpr, LONE: tl.con
     one = t0 == 0
     if MODE == 0:
         one = t0 >= 0
-    if HAS_SIN:
-        one = t0 < 0
     if one:
         r = tl.where(w > 1, r, 1.0)
     return r
@@ -857,7 +857,7 @@ def running_norm_fwd(
             wt = sw
 
         # ---- normalize each chunk and write it once
-        r = _one_value(_rstd(var, eps, EPS_OUTSIDE), wt, t0, MODE, HAS_SIN, LONE)
+        r = _one_value(_rstd(var, eps, EPS_OUTSIDE), wt, t0, MODE, LONE)
         py = y_ptr + b64 * syb + offs_t.to(tl.int64)[None, :] * syt
         in_t = offs_t < T  # padding frames are written as 0
         if not LEAN:
@@ -924,7 +924,7 @@ def running_norm_bwd(
         gw_ = tl.load(ppre)
         mean1 = tl.load(ppre + SC)
         var1 = tl.load(ppre + 2 * SC) / tl.where(gw_ > 0, gw_, 1.0)
-        r1 = _one_value(_rstd(var1, eps, EPS_OUTSIDE), gw_, 0, MODE, HAS_SIN, LONE)
+        r1 = _one_value(_rstd(var1, eps, EPS_OUTSIDE), gw_, 0, MODE, LONE)
         if PHASE == 1 or STRIP:  # span sums of A = sum(g) and Bt = sum(g * xhat) (a strip: its sequence's)
             sa = tl.zeros([SC], dtype=tl.float32)
             sb = tl.zeros([SC], dtype=tl.float32)
@@ -1010,7 +1010,7 @@ def running_norm_bwd(
             var = var1[:, None] + tl.zeros([SC, BLOCK_T], tl.float32)
             sw = gw_[:, None] + tl.zeros([SC, BLOCK_T], tl.float32)
             rW = 1.0 / tl.where(sw > 0, sw, 1.0)
-            r = _one_value(_rstd(var, eps, EPS_OUTSIDE), sw, t0, MODE, HAS_SIN, LONE)
+            r = _one_value(_rstd(var, eps, EPS_OUTSIDE), sw, t0, MODE, LONE)
             if STRIP:
                 ta, tb = sa, sb
             elif SCANNED:  # span_scan has summed the spans: the first record
@@ -1054,7 +1054,7 @@ def running_norm_bwd(
                 rW = 1.0 / tl.where(sw > 0, sw, 1.0)
                 var = sq * rW
             mean = sm
-            r = _one_value(_rstd(var, eps, EPS_OUTSIDE), sw, t0, MODE, HAS_SIN, LONE)
+            r = _one_value(_rstd(var, eps, EPS_OUTSIDE), sw, t0, MODE, LONE)
             Bt = r * (G + (fm - mean) * A)  # sum over the frame's channels of g * xhat
 
         # ---- dL/dmu_t and dL/dvar_t of each frame's statistics

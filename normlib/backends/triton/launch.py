@@ -491,6 +491,8 @@ def backward(gy, gsout, x, weight, lengths, sin, pre, *, per_channel, decay, eps
             gsin = torch.where((lengths == 0).view(1, B, 1), gsin + gsout, gsin)
         elif T == 0:
             gsin = gsin + gsout
+    if gsin is not None:  # a state's weight is a count, which nothing differentiable moves: no gradient
+        gsin[0] = 0
     gw, gb = weight_grads(gwp.view(2, B * p.nt, C)) if gwp is not None else (None, None)
     return gx, gw, gb, gsin
 
