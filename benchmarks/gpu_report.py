@@ -266,8 +266,9 @@ def gradient_checks(quick, shapes=None, dtypes=("fp32", "bf16")):
                         st = normlib.NormState(torch.full(shp, 50.0, device="cuda", dtype=torch.float64),
                                                torch.randn(shp, device="cuda", dtype=torch.float64),
                                                torch.rand(shp, device="cuda", dtype=torch.float64) * 60)
-                        st = normlib.NormState(*(t.requires_grad_() for t in st))
-                    ins = [t for t in (w, b, *(st or ())) if t is not None]
+                        # the weight, a count, gets no gradient: m and m2 do
+                        st = normlib.NormState(st.w, st.m.requires_grad_(), st.m2.requires_grad_())
+                    ins = [t for t in (w, b, *(st or ())) if t is not None and t.requires_grad]
                     xg = x.detach().requires_grad_()
                     grads = []
                     for _ in range(2):
@@ -280,7 +281,8 @@ def gradient_checks(quick, shapes=None, dtypes=("fp32", "bf16")):
                     same = all(torch.equal(p_, q_) for p_, q_ in zip(*grads))
                     xr = as_bct(x, layout).double().requires_grad_()
                     wr, br = w.detach().double().requires_grad_(), b.detach().double().requires_grad_()
-                    sr = None if st is None else normlib.NormState(*(t.detach().clone().requires_grad_() for t in st))
+                    sr = None if st is None else normlib.NormState(
+                        st.w, *(t.detach().clone().requires_grad_() for t in (st.m, st.m2)))
                     kw = dict(lengths=lengths)
                     if st is not None:
                         yr, so = R.REFERENCES[name](xr, wr, br, state=sr, return_state=True, **kw)
@@ -288,7 +290,7 @@ def gradient_checks(quick, shapes=None, dtypes=("fp32", "bf16")):
                     else:
                         yr = R.REFERENCES[name](xr, wr, br, **kw)
                         lr = (yr * as_bct(gy, layout).double()).sum()
-                    ref_g = torch.autograd.grad(lr, [xr, wr, br] + ([] if sr is None else list(sr)))
+                    ref_g = torch.autograd.grad(lr, [xr, wr, br] + ([] if sr is None else [sr.m, sr.m2]))
                     got = [as_bct(grads[0][0], layout)] + list(grads[0][1:])
                     errs = [rel(a_, b_) for a_, b_ in zip(got, ref_g)]
                     tol = 1e-4 if dt == torch.float32 else 3e-2
