@@ -862,15 +862,30 @@ def test_non_contiguous_inputs(name, view):
 # The look-back's bookkeeping: stale and garbage records, the ticket counter, repeatability
 # ---------------------------------------------------------------------------------------------------
 def _lookback_buffers():
-    """The look-back records and the ticket counter the launcher keeps (after a look-back launch)."""
-    ws = ctr = None
-    for key, buf in launch._WORKSPACES.items():
-        if isinstance(key, tuple) and key[-1] == "ctr":
-            ctr = buf
-        elif buf.dtype == torch.int64:
-            ws = buf
+    """The look-back records and the ticket counter the launcher keeps for the current stream (after a
+    look-back launch)."""
+    device = dev(torch.empty(0)).device  # "cuda:0", as the launcher sees it, not "cuda"
+    key = (device, launch._stream_key(device))
+    ws, ctr = launch._WORKSPACES.get(key), launch._WORKSPACES.get(key + ("ctr",))
     assert ws is not None and ctr is not None, "no look-back workspace found in launch._WORKSPACES"
     return ws, ctr
+
+
+def test_each_stream_has_its_own_look_back_workspace(monkeypatch):
+    """Launches on two CUDA streams may run at once: they must not share the look-back's records or its
+    ticket counter (they did: one per device). Streams are faked here, as the CPU has none."""
+    x = make_x(2, 5, 29)
+    with tile_size(block_t=4, window=2):
+        want = tri("cln", dev(x))
+        seen = {}
+        for stream in (101, 202, 101):
+            monkeypatch.setattr(launch, "_stream_key", lambda device, s=stream: s)
+            seen.setdefault(stream, []).append(launch._workspace(dev(x).device, 64))
+            assert torch.equal(tri("cln", dev(x)), want)
+    (ws1, ctr1), (ws1b, ctr1b) = seen[101]
+    ((ws2, ctr2),) = seen[202]
+    assert ws1 is ws1b and ctr1 is ctr1b  # one stream keeps its own
+    assert ws1.data_ptr() != ws2.data_ptr() and ctr1.data_ptr() != ctr2.data_ptr()
 
 
 @pytest.mark.parametrize("name", ["cln", "ccemaln"])

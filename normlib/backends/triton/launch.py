@@ -348,14 +348,20 @@ def prefix_numel(shape, per_channel, decay, tiles) -> int:
 
 
 def _workspace(device, n_words):
-    """The look-back records (zeroed once, grown on demand) and the ticket counter of a device."""
-    ws = _WORKSPACES.get(device)
+    """The look-back records (zeroed once, grown on demand) and the ticket counter of a device's current
+    stream: launches on two streams may run at once, and sharing them would mix their tickets and records."""
+    key = (device, _stream_key(device))
+    ws = _WORKSPACES.get(key)
     if ws is None or ws.numel() < n_words:
-        ws = _WORKSPACES[device] = torch.zeros(max(n_words, 1 << 12), dtype=torch.int64, device=device)
-    ctr = _WORKSPACES.get((device, "ctr"))
+        ws = _WORKSPACES[key] = torch.zeros(max(n_words, 1 << 12), dtype=torch.int64, device=device)
+    ctr = _WORKSPACES.get(key + ("ctr",))
     if ctr is None:
-        ctr = _WORKSPACES[(device, "ctr")] = torch.zeros(1, dtype=torch.int64, device=device)
+        ctr = _WORKSPACES[key + ("ctr",)] = torch.zeros(1, dtype=torch.int64, device=device)
     return ws, ctr
+
+
+def _stream_key(device) -> int:
+    return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
 
 
 def _launch(kernel, p: Plan, tiles, x, B, per_channel, backward=False, maxnreg=0, lone=True, **kw):
