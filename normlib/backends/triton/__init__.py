@@ -123,7 +123,7 @@ class _EagerNorm(torch.autograd.Function):
 
 def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mode, return_state):
     """The backend contract (normlib.backends)."""
-    launch.check_dtype(x)
+    launch.check_input(x)
     B, C = x.shape[:2]
     nsc = C if per_channel else 1
     # the state's weight is a count, which nothing differentiable moves: no gradient (None, as on the PyTorch backend)

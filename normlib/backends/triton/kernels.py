@@ -298,8 +298,8 @@ def _state_index(b64, offs_c, m_c, B, C, POOL_ALL: tl.constexpr, SC: tl.constexp
     if POOL_ALL:
         offs_s = tl.arange(0, SC)
         return b64 + offs_s, offs_s >= 0, B
-    else:
-        return b64 * C + offs_c, m_c, B * C
+    else:  # B * C in int64 (b64 * 0 + B: B may be a constexpr 1): the M2 field starts past 2^31 at B*C >= 2^30
+        return b64 * C + offs_c, m_c, (b64 * 0 + B) * C
 
 
 @triton.jit

@@ -364,7 +364,20 @@ def _stream_key(device) -> int:
     return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
 
 
-def _launch(kernel, p: Plan, tiles, x, B, per_channel, backward=False, maxnreg=0, lone=True, **kw):
+def _device_guard(device):
+    """Triton launches on the current CUDA device: make it x's where another one is current (a model split
+    over GPUs), or the kernel would run on the other device's stream while x's stream owns the buffers."""
+    if device.type == "cuda" and device.index != torch.cuda.current_device():
+        return torch.cuda.device(device)
+    return contextlib.nullcontext()
+
+
+def _launch(kernel, p: Plan, tiles, x, B, per_channel, **kw):
+    with _device_guard(x.device):
+        _launch_here(kernel, p, tiles, x, B, per_channel, **kw)
+
+
+def _launch_here(kernel, p: Plan, tiles, x, B, per_channel, backward=False, maxnreg=0, lone=True, **kw):
     """Run the kernel: one launch with the look-back, or GLOBAL's two, or a plain grid for FRAME, or a
     strip walk of each sequence, or SEG's two (segment sums, then walks of the segments)."""
     strip = bool(tiles[7])
@@ -423,9 +436,16 @@ def vec_for(shape, strides) -> dict:
     return {}
 
 
-def check_dtype(x):
+MAX_FRAMES = 2**31 - 2**12  # frame indices are int32 in the kernels, up to the last tile's end
+
+
+def check_input(x):
+    """What the Triton backend takes beyond the common checks: x is the (B, C, T) view."""
     if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise TypeError(f"backend='triton' takes float16, bfloat16 or float32 inputs, got {x.dtype}")
+    if x.shape[2] >= MAX_FRAMES:
+        raise ValueError(f"backend='triton' takes sequences of fewer than 2^31 - 2^12 frames, got T={x.shape[2]} "
+                         "(backend='torch' takes any)")
 
 
 def forward(x, weight, bias, lengths, sin, *, per_channel, decay, eps, eps_outside, return_state, save,
@@ -510,7 +530,8 @@ def weight_grads(parts):
     _, R, C = parts.shape
     gw, gb = (torch.empty(C, dtype=torch.float32, device=parts.device) for _ in range(2))  # outputs may not alias
     if C:
-        sum_partials[(triton.cdiv(C, 8), 2)](parts, gw, gb, R, C, BLOCK_R=512, BLOCK_C=8, num_warps=4)
+        with _device_guard(parts.device):
+            sum_partials[(triton.cdiv(C, 8), 2)](parts, gw, gb, R, C, BLOCK_R=512, BLOCK_C=8, num_warps=4)
     return gw, gb
 
 
