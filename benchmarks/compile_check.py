@@ -171,7 +171,7 @@ def resources(k, const=None, ints=None, warps=4) -> str:
     usage = " ".join(w for line in res.splitlines() if "REG:" in line for w in line.split()
                      if w.startswith(("REG:", "STACK:")))
     ops = _opcodes(sass, False)
-    out = f"{usage} SASS:{sum(ops.values())} " + " ".join(f"{n}:{c}" for n, c in ops.most_common(6))
+    out = f"{usage} SMEM:{k.metadata.shared} LDGSTS:{ops['LDGSTS']} SASS:{sum(ops.values())} " + " ".join(f"{n}:{c}" for n, c in ops.most_common(6))
     if const is None:
         return out
     hot = _opcodes(sass, const["STRIP"])
@@ -201,6 +201,8 @@ def main():
     p.add_argument("--shape", help="B,C,T: only this benchmark shape")
     p.add_argument("--match", default="", help="NAME=VALUE,...: constexpr values (and layout=bct|btc) to keep")
     p.add_argument("--flags", default="plain,full", help=f"flag sets, of {', '.join(FLAG_SETS)}")
+    p.add_argument("--set", default="", help="NAME=INT,...: compile the kept specializations with these "
+                   "constexprs instead (e.g. STAGES=3)")
     p.add_argument("--maxnreg", type=int, default=0,
                    help="cap the registers of a thread (0: the compiler's choice)")
     a = p.parse_args()
@@ -219,6 +221,8 @@ def main():
             todo = [t for t in todo if str(t[1].get(key)) == val]
     if a.limit:
         todo = todo[::a.limit]
+    forced = dict((k, int(v)) for k, v in (c.split("=") for c in filter(None, a.set.split(","))))
+    todo = [(t[0], dict(t[1], **forced), *t[2:]) if "STRIP" in t[1] else t for t in todo]
     print(f"triton {triton.__version__}: {len(todo)} specializations", flush=True)
     bad = 0
     ctx = mp.get_context("fork")

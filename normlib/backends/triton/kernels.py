@@ -699,7 +699,7 @@ def running_norm_fwd(
     BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr, SPAN: tl.constexpr, WINDOW: tl.constexpr,
     DETERMINISTIC: tl.constexpr = False, AGG_ONLY: tl.constexpr = False, STRIP: tl.constexpr = False,
     HOLD: tl.constexpr = True, VEC_T: tl.constexpr = 1, VEC_C: tl.constexpr = 1, SEG: tl.constexpr = False,
-    SCANNED: tl.constexpr = False, LONE: tl.constexpr = True,
+    SCANNED: tl.constexpr = False, LONE: tl.constexpr = True, STAGES: tl.constexpr = 1,
 ):
     SC: tl.constexpr = 1 if POOL_ALL else BLOCK_C  # statistics per frame: one, or one per channel
     CHAN: tl.constexpr = not POOL_ALL and MODE == 1  # _local_sums' float32 summaries
@@ -825,7 +825,7 @@ def running_norm_fwd(
             wt = mw[:, None] + tl.zeros([SC, BLOCK_T], tl.float32)
         else:
             sw, sm, sq = _frame_stats(xk, msk, m_t, 0, C, BLOCK_C, POOL_ALL)
-            for c0 in range(BLOCK_C, CL, BLOCK_C):
+            for c0 in tl.range(BLOCK_C, CL, BLOCK_C, num_stages=STAGES):
                 xc, mc = _load(px, sxc, c0, offs_c, C, m_t, Kt, AGAIN)
                 cw_, cm_, cq_ = _frame_stats(xc, mc, m_t, c0, C, BLOCK_C, POOL_ALL)
                 sw, sm, sq, _d = merge(sw, sm, sq, 1.0, cw_, cm_, cq_, 1.0)
@@ -862,7 +862,7 @@ def running_norm_fwd(
         in_t = offs_t < T  # padding frames are written as 0
         if not LEAN:
             _write_y(py, syc, xk, msk, mean, r, 0, offs_c, C, in_t, w_ptr, b_ptr, HAS_W, HAS_B, STREAM, HAS_LEN)
-        for c0 in range(0 if LEAN else BLOCK_C, CL, BLOCK_C):  # in the order read (backward: reversed)
+        for c0 in tl.range(0 if LEAN else BLOCK_C, CL, BLOCK_C, num_stages=STAGES):  # in the order read
             xc, mc = _load(px, sxc, c0, offs_c, C, m_t, Kt, STREAM)
             _write_y(py, syc, xc, mc, mean, r, c0, offs_c, C, in_t, w_ptr, b_ptr, HAS_W, HAS_B, STREAM, HAS_LEN)
 
@@ -900,6 +900,7 @@ def running_norm_bwd(
     DETERMINISTIC: tl.constexpr = False, AGG_ONLY: tl.constexpr = False, STRIP: tl.constexpr = False,
     HOLD: tl.constexpr = True, VEC_T: tl.constexpr = 1, VEC_C: tl.constexpr = 1, SEG: tl.constexpr = False,
     FLIP: tl.constexpr = False, SCANNED: tl.constexpr = False, LONE: tl.constexpr = True,
+    STAGES: tl.constexpr = 1,
 ):
     SC: tl.constexpr = 1 if POOL_ALL else BLOCK_C
     CHAN: tl.constexpr = not POOL_ALL and MODE == 1
@@ -1026,7 +1027,7 @@ def running_norm_bwd(
             sw, sm, sq = _frame_stats(xk, msk, m_t, 0, C, BLOCK_C, POOL_ALL)
             A = _group_sum(g, POOL_ALL)
             G = _group_sum(g * tl.where(msk, xk - sm, 0.0), POOL_ALL)
-            for c0 in range(BLOCK_C, CL, BLOCK_C):
+            for c0 in tl.range(BLOCK_C, CL, BLOCK_C, num_stages=STAGES):
                 xc, mc = _load(px, sxc, c0, offs_c, C, m_t, Kt)
                 gc, _m = _load_raw(pg, sgc, c0, offs_c, C, m_t)
                 gc = gc * _gamma(w_ptr, c0, offs_c, C, HAS_W)[:, None]
@@ -1111,7 +1112,7 @@ def running_norm_bwd(
             if not LEAN:
                 _write_gx(pgx, sdc, xk, msk, gy, mean, r, U, V, 0, offs_c, C, in_t, w_ptr, gwp_ptr, gbp_ptr, pgw, HAS_W,
                           STORE_GW, HAS_LEN)
-            for k in range(0 if LEAN else 1, tl.cdiv(CL, BLOCK_C)):
+            for k in tl.range(0 if LEAN else 1, tl.cdiv(CL, BLOCK_C), num_stages=STAGES):
                 c0 = _reread(k, CL, LEAN, BLOCK_C)
                 xc, mc = _load(px, sxc, c0, offs_c, C, m_t, Kt)
                 gc, _m = _load_raw(pg, sgc, c0, offs_c, C, m_t)
