@@ -564,6 +564,59 @@ def test_forced_register_caps_reach_their_launches(monkeypatch):
         assert torch.equal(v, got[1][k]), k
 
 
+@pytest.mark.parametrize("name, layout", [("cln", "btc"), ("emaln", "bct"), ("gln", "btc"), ("frameln", "btc")])
+def test_pipelined_chunk_loops_give_the_same_bits(monkeypatch, name, layout):
+    """``tile_size(stages=..., bwd_stages=...)`` reaches the forward's and the backward's launches apart, as STAGES;
+    pipelining a pooled tile's chunk loops (5 chunks of channels here) changes when loads are issued, not the
+    arithmetic: the same bits as without, within the reference's tolerance."""
+    B, C, T = 2, 19, 15
+    layout = LAYOUTS[layout]
+    x = make_x(B, C, T, layout, F32)
+    w, b = make_affine(C, F32)
+    gy, _gs = cotangents(name, x, B, C, False)
+    launched = _spy_launches(monkeypatch, ("STAGES",))
+    got = []
+    for st in (dict(stages=1, bwd_stages=1), dict(stages=2, bwd_stages=3)):
+        launched.clear()
+        with tile_size(block_t=4, window=2, block_c=4, **st):
+            got.append(gradients(name, x, w, b, eps_for(name), gy=gy, layout=layout))
+        assert {(which, s) for which, *_, s in launched} == {("fwd", st["stages"]), ("bwd", st["bwd_stages"])}
+    for k, v in got[0].items():
+        assert torch.equal(v, got[1][k]), k
+    check_gradients(got[1], gradients(name, x, w, b, eps_for(name), gy=gy, layout=layout, oracle=True), F32)
+
+
+@pytest.mark.parametrize("layout, want", [("btc", 2), ("bct", 1)])
+def test_launches_pipeline_as_stages_for_says(monkeypatch, layout, want):
+    """By default the launcher passes stages_for's depth: a pooled "b t c" look-back tile of 5 chunks pipelines
+    its loops, forward and backward; in "b c t" it does not."""
+    B, C, T = 2, 19, 15
+    x = make_x(B, C, T, LAYOUTS[layout], F32)
+    gy, _gs = cotangents("cln", x, B, C, False)
+    launched = _spy_launches(monkeypatch, ("STAGES", "STRIP"))
+    with tile_size(block_t=4, window=2, block_c=4):
+        gradients("cln", x, None, None, eps_for("cln"), gy=gy, layout=LAYOUTS[layout])
+    assert {(which, s, strip) for which, *_, s, strip in launched} == {("fwd", want, False), ("bwd", want, False)}
+
+
+@pytest.mark.parametrize("C, per_channel, last, mode, strip, hold, es, want", [
+    (512, False, True, launch.CUMULATIVE, 0, True, 4, 2),  # fp32 "b t c" look-back tiles of 4 chunks
+    (512, False, True, launch.EMA, 0, True, 4, 2),
+    (512, False, True, launch.CUMULATIVE, 0, False, 2, 2),  # 16 bits, lean
+    (512, False, True, launch.CUMULATIVE, 0, True, 2, 1),  # 16 bits, held
+    (384, False, True, launch.CUMULATIVE, 0, True, 4, 1),  # 3 chunks
+    (512, False, False, launch.CUMULATIVE, 0, True, 4, 1),  # "b c t"
+    (512, False, True, launch.CUMULATIVE, 2, True, 4, 1),  # SEG walks
+    (512, False, True, launch.CUMULATIVE, 1, True, 4, 1),  # strips
+    (512, False, True, launch.GLOBAL, 0, True, 4, 1),
+    (512, False, True, launch.FRAME, 0, True, 4, 1),
+    (512, True, True, launch.CUMULATIVE, 0, True, 4, 1),  # per channel: one chunk a tile
+])
+def test_which_tiles_pipeline_their_chunk_loops(C, per_channel, last, mode, strip, hold, es, want):
+    """stages_for: only the rows the H200 timed faster (see its docstring) pipeline."""
+    assert launch.stages_for(C, 128, per_channel, last, mode, strip, hold, es) == want
+
+
 @pytest.mark.parametrize("name, C, forced, lone", [("cln", 11, None, False), ("cln", 1, None, True),
                                                    ("ccln", 11, None, True), ("frameln", 11, 1, True),
                                                    ("ccemaln", 11, 0, True)])
