@@ -700,6 +700,7 @@ def running_norm_fwd(
     DETERMINISTIC: tl.constexpr = False, AGG_ONLY: tl.constexpr = False, STRIP: tl.constexpr = False,
     HOLD: tl.constexpr = True, VEC_T: tl.constexpr = 1, VEC_C: tl.constexpr = 1, SEG: tl.constexpr = False,
     SCANNED: tl.constexpr = False, LONE: tl.constexpr = True, STAGES: tl.constexpr = 1,
+    WALK_STAGES: tl.constexpr = 1,
 ):
     SC: tl.constexpr = 1 if POOL_ALL else BLOCK_C  # statistics per frame: one, or one per channel
     CHAN: tl.constexpr = not POOL_ALL and MODE == 1  # _local_sums' float32 summaries
@@ -740,7 +741,7 @@ def running_norm_fwd(
         n_sum = NT if STRIP and not SEG else span_len
         if SEG:  # the last segment's sum is never read
             n_sum = tl.where(it0 < NSPAN - 1, span_len, 0)
-        for k in range(n_sum):
+        for k in tl.range(n_sum, num_stages=WALK_STAGES):
             offs_t = (it0 * span_len + k) * BLOCK_T + tl.arange(0, BLOCK_T)
             m_t = (offs_t < T) & (offs_t < length)
             for c0 in range(0, CL, BLOCK_C):
@@ -788,7 +789,8 @@ def running_norm_fwd(
         n_walk = tl.minimum(span_len, NT - it0)
     if STRIP:  # the walk reads each tile one step ahead, so its load overlaps the previous tile's work
         xn, mn = _load_tile(xb, sxt, sxc, it0, T, length, offs_c, C, K, BLOCK_T, STREAM)
-    for step in range(n_walk):
+    WS: tl.constexpr = WALK_STAGES if STRIP else 1  # a look-back tile's one step is not a loop to pipeline
+    for step in tl.range(n_walk, num_stages=WS):
         it = it0 + step
         # ---- load the tile (pooled: its first chunk of channels, held unless LEAN; the others are merged
         # into the frames' statistics here and read again, from L2 as the hints ask, to be written)
@@ -900,7 +902,7 @@ def running_norm_bwd(
     DETERMINISTIC: tl.constexpr = False, AGG_ONLY: tl.constexpr = False, STRIP: tl.constexpr = False,
     HOLD: tl.constexpr = True, VEC_T: tl.constexpr = 1, VEC_C: tl.constexpr = 1, SEG: tl.constexpr = False,
     FLIP: tl.constexpr = False, SCANNED: tl.constexpr = False, LONE: tl.constexpr = True,
-    STAGES: tl.constexpr = 1,
+    STAGES: tl.constexpr = 1, WALK_STAGES: tl.constexpr = 1,
 ):
     SC: tl.constexpr = 1 if POOL_ALL else BLOCK_C
     CHAN: tl.constexpr = not POOL_ALL and MODE == 1
@@ -929,7 +931,7 @@ def running_norm_bwd(
         if PHASE == 1 or STRIP:  # span sums of A = sum(g) and Bt = sum(g * xhat) (a strip: its sequence's)
             sa = tl.zeros([SC], dtype=tl.float32)
             sb = tl.zeros([SC], dtype=tl.float32)
-            for k in range(NT if STRIP else SPAN):
+            for k in tl.range(NT if STRIP else SPAN, num_stages=WALK_STAGES):
                 offs_t = (it * SPAN + k) * BLOCK_T + tl.arange(0, BLOCK_T)
                 m_t = (offs_t < T) & (offs_t < length)
                 for c0 in range(0, CL, BLOCK_C):
@@ -981,7 +983,8 @@ def running_norm_bwd(
         first = NT - 1 - vt0 if REV else 0
         xn, mn = _load_tile(xb, sxt, sxc, first, T, length, offs_c, C, K, BLOCK_T, 0)
         gn, _m = _load_tile(gyb, sgt, sgc, first, T, length, offs_c, C, 0.0, BLOCK_T, 0, False)
-    for step in range(n_walk):
+    WS: tl.constexpr = WALK_STAGES if STRIP else 1
+    for step in tl.range(n_walk, num_stages=WS):
         vt = vt0 + step
         it = vt
         if MODE == 1 or MODE == 2:

@@ -40,7 +40,7 @@ _TILES: dict = {}
 @contextlib.contextmanager
 def tile_size(block_t=None, block_c=None, window=None, span=None, walk=None, warps=None, strip=None,
               bwd_block_c=None, bwd_warps=None, hold=None, bwd_hold=None, bwd_strip=None, maxnreg=None,
-              bwd_maxnreg=None, lone=None, stages=None, bwd_stages=None):
+              bwd_maxnreg=None, lone=None, stages=None, bwd_stages=None, walk_stages=None, bwd_walk_stages=None):
     """Force tile sizes (tests use small tiles so that the look-back runs on small inputs; forced blocks run on
     the warps their size takes, 4 or 8, unless ``warps`` is forced too); ``walk``
     makes the look-back ignore published prefixes but tile 0's, so it crosses several windows; ``strip``
@@ -53,7 +53,8 @@ def tile_size(block_t=None, block_c=None, window=None, span=None, walk=None, war
     value into pooled tiles of more channels too, for timing (it can only add the check: it is needed wherever
     it is on); ``stages=N`` software-pipelines a pooled tile's loops over its chunks of channels N deep
     (Triton's ``tl.range(num_stages=N)``: the next chunks' loads go to shared memory ahead of their use; 1,
-    the default, does not); ``bwd_*`` set the backward's own choices (a pooled backward's BLOCK_C and hold, any backward's
+    the default, does not); ``walk_stages=N`` pipelines a walk's loop over its tiles (strips, SEG) and the
+    span sums' the same way; ``bwd_*`` set the backward's own choices (a pooled backward's BLOCK_C and hold, any backward's
     warps, strip and maxnreg)."""
     old = dict(_OVERRIDE)
     _OVERRIDE.update({k: v for k, v in dict(block_t=block_t, block_c=block_c, window=window, span=span,
@@ -61,7 +62,8 @@ def tile_size(block_t=None, block_c=None, window=None, span=None, walk=None, war
                                             bwd_warps=bwd_warps, hold=hold, bwd_hold=bwd_hold,
                                             bwd_strip=bwd_strip, maxnreg=maxnreg,
                                             bwd_maxnreg=bwd_maxnreg, lone=lone, stages=stages,
-                                            bwd_stages=bwd_stages).items()
+                                            bwd_stages=bwd_stages, walk_stages=walk_stages,
+                                            bwd_walk_stages=bwd_walk_stages).items()
                       if v is not None})
     try:
         yield
@@ -294,7 +296,8 @@ def tiles_for(x, per_channel, decay=None) -> list[int]:
     """The launch choices for x, as ints an op can carry: [block_c, block_t, warps, window, span, walk,
     deterministic, strip, hold, backward block_c, backward warps, backward hold, backward strip, backward
     span, maxnreg, backward maxnreg (0: the compiler's choice), lone (whether a statistic can hold one value:
-    per channel, or C = 1), stages, backward stages (pooled chunk loops' pipeline depth, stages_for; 1: none)]. Forward and backward take the same list, so
+    per channel, or C = 1), stages, backward stages (pooled chunk loops' pipeline depth, stages_for; 1: none),
+    walk stages, backward walk stages (a walk's loop over its tiles; 1: none)]. Forward and backward take the same list, so
     they always agree on the tiling (``backward_tiles`` gives the backward's view of it). Eager calls look them
     up in a cache (the host path of a small call is longer than its kernel)."""
     if torch.compiler.is_compiling():
@@ -337,7 +340,8 @@ def _tiles_for(x, per_channel, decay) -> list[int]:
     stages_b = _OVERRIDE.get("bwd_stages", stages_for(C, bc_b, per_channel, channels_last, mode, strip_b, hold, es))
     return [bc, bt, warps, window, span, int(walk), int(deterministic), int(strip), int(hold), bc_b, warps_b,
             int(hold_b), strip_b, span_b, int(_OVERRIDE.get("maxnreg", 0)), int(_OVERRIDE.get("bwd_maxnreg", 0)),
-            int(per_channel or C == 1 or bool(_OVERRIDE.get("lone"))), int(stages), int(stages_b)]
+            int(per_channel or C == 1 or bool(_OVERRIDE.get("lone"))), int(stages), int(stages_b),
+            int(_OVERRIDE.get("walk_stages", 1)), int(_OVERRIDE.get("bwd_walk_stages", 1))]
 
 
 def backward_tiles(tiles) -> list[int]:
@@ -401,13 +405,13 @@ def _launch(kernel, p: Plan, tiles, x, B, per_channel, **kw):
 
 
 def _launch_here(kernel, p: Plan, tiles, x, B, per_channel, backward=False, maxnreg=0, lone=True, stages=1,
-                 **kw):
+                 walk_stages=1, **kw):
     """Run the kernel: one launch with the look-back, or GLOBAL's two, or a plain grid for FRAME, or a
     strip walk of each sequence, or SEG's two (segment sums, then walks of the segments)."""
     strip = bool(tiles[7])
     flags = dict(POOL_ALL=not per_channel, MODE=p.mode, BLOCK_C=p.block_c, BLOCK_T=p.block_t, WINDOW=p.window,
                  DETERMINISTIC=bool(tiles[6]), AGG_ONLY=bool(tiles[5]), STRIP=strip, HOLD=bool(tiles[8]),
-                 LONE=bool(lone), STAGES=stages, num_warps=p.warps,
+                 LONE=bool(lone), STAGES=stages, WALK_STAGES=walk_stages, num_warps=p.warps,
                  **({"maxnreg": maxnreg} if maxnreg else {}))
     sizes = dict(B=B, C=x.shape[1], T=x.shape[2], NCB=p.ncb, NT=p.nt, NSPAN=p.nspan, log2d=p.log2d)
     if p.mode == GLOBAL and strip:  # one launch: each program sums its sequence, then normalizes it
@@ -492,7 +496,7 @@ def forward(x, weight, bias, lengths, sin, *, per_channel, decay, eps, eps_outsi
         pre = alloc(prefix_numel(x.shape, per_channel, decay, tiles), dtype=torch.float32, device=x.device)
     if x.numel():
         _launch(running_norm_fwd, p, tiles, x, B, per_channel, maxnreg=tiles[14], lone=tiles[16],
-                stages=tiles[17], x_ptr=x, y_ptr=y,
+                stages=tiles[17], walk_stages=tiles[19], x_ptr=x, y_ptr=y,
                 w_ptr=_or(weight, y), b_ptr=_or(bias, y), len_ptr=_or(lengths, y), sin_ptr=_or(sin, y),
                 sout_ptr=_or(sout, y), pre_ptr=_or(pre, y), sxb=x.stride(0), sxc=x.stride(1), sxt=x.stride(2),
                 syb=y.stride(0), syc=y.stride(1), syt=y.stride(2), eps=eps, HAS_W=weight is not None,
@@ -509,7 +513,8 @@ def backward(gy, gsout, x, weight, lengths, sin, pre, *, per_channel, decay, eps
     """Gradients of ``forward``: (dx, dweight, dbias, dstate as (3, B, C|1) float64, or None where not
     asked). ``gsout`` is the (3, B, C|1) gradient of the returned state, or None."""
     B, C, T = x.shape
-    maxnreg, lone, stages, tiles = tiles[15], tiles[16], tiles[18], backward_tiles(tiles)
+    maxnreg, lone, stages, walk_stages = tiles[15], tiles[16], tiles[18], tiles[20]
+    tiles = backward_tiles(tiles)
     p = plan(x.shape, per_channel, decay, tiles)
     nsc = C if per_channel else 1
     weight, lengths, sin, gsout = (_dense(t) for t in (weight, lengths, sin, gsout))
@@ -524,7 +529,7 @@ def backward(gy, gsout, x, weight, lengths, sin, pre, *, per_channel, decay, eps
     gwp = torch.empty(2, B, p.nt, C, dtype=torch.float32, device=x.device) if need_weight_grads else None
     if x.numel():
         _launch(running_norm_bwd, p, tiles, x, B, per_channel, backward=True, maxnreg=maxnreg, lone=lone,
-                stages=stages, x_ptr=x,
+                stages=stages, walk_stages=walk_stages, x_ptr=x,
                 gy_ptr=gy, gx_ptr=gx, w_ptr=_or(weight, gx), len_ptr=_or(lengths, gx), sin_ptr=_or(sin, gx),
                 gsout_ptr=_or(gsout, gx), gsin_ptr=_or(gsin if sin is not None else None, gx), pre_ptr=pre,
                 gwp_ptr=gwp[0] if gwp is not None else gx, gbp_ptr=gwp[1] if gwp is not None else gx,
