@@ -61,22 +61,24 @@ def configs(flag_sets=("plain", "full")):
         st = dict(b=C * T, c=1 if last else T, t=C if last else 1)
         stages_f, stages_b = (launch.stages_for(C, c, pc, last, mode, s, hold_f, es)
                               for c, s in ((bc_f, strip_f), (bc_b, strip_b)))
+        walk_f, walk_b = (launch.walk_stages_for(pc, last, mode, s, bwd) for s, bwd in ((strip_f, False),
+                                                                                      (strip_b, True)))
         causal = mode != 3
         # the strip variant of every running mode, too (SEG's, strip 2, are added below)
         seg = 2 in (strip_f, strip_b)
         strip_f, strip_b = (bool(s) or (mode != 0 and full) for s in (strip_f, strip_b))
         hold_f, hold_b = hold_f or strip_f, hold_b or strip_b  # a strip walk holds its tiles, as the launcher says
-        for phase, (kernel, bc, warps, hold, strip, stages) in itertools.product(
+        for phase, (kernel, bc, warps, hold, strip, stages, walk) in itertools.product(
                 (2,) if mode == 3 and strip_f else (1, 2) if mode == 3 else (0,),
-                ((running_norm_fwd, bc_f, warps_f, hold_f, strip_f, stages_f),
-                 (running_norm_bwd, bc_b, warps_b, hold_b, strip_b, stages_b))):
+                ((running_norm_fwd, bc_f, warps_f, hold_f, strip_f, stages_f, walk_f),
+                 (running_norm_bwd, bc_b, warps_b, hold_b, strip_b, stages_b, walk_b))):
             ints = dict(**{f"s{a}{k}": v for a in "xygd" for k, v in st.items()}, B=B, C=C, T=T,
                         NCB=triton.cdiv(C, bc) if pc else 1, NT=triton.cdiv(T, bt), NSPAN=3)
             common = dict(POOL_ALL=not pc, MODE=mode, PHASE=phase, HAS_W=layer, HAS_LEN=full,
                           HAS_SIN=full and causal and mode != 0, EPS_OUTSIDE=full, BLOCK_C=bc, BLOCK_T=bt,
                           SPAN=1 if strip else 2, WINDOW=launch.window_for(pc, B * ints["NCB"], 132),
                           DETERMINISTIC=full, AGG_ONLY=False, STRIP=bool(strip), HOLD=hold, LONE=pc or C == 1,
-                          STAGES=stages,
+                          STAGES=stages, WALK_STAGES=walk,
                           **launch.vec_for((B, C, T), ((st["b"], st["c"], st["t"]),)))
             if kernel is running_norm_fwd:
                 const = dict(common, HAS_B=layer, STORE_SOUT=full and causal, STORE_PREFIX=layer)

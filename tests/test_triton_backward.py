@@ -599,6 +599,41 @@ def test_launches_pipeline_as_stages_for_says(monkeypatch, layout, want):
     assert {(which, s, strip) for which, *_, s, strip in launched} == {("fwd", want, False), ("bwd", want, False)}
 
 
+@pytest.mark.parametrize("name, layout, strip", [("ccln", "btc", 2), ("ccemaln", "bct", 1), ("cln", "btc", 1),
+                                                 ("cln", "bct", 2)])
+def test_pipelined_walks_give_the_same_bits(monkeypatch, name, layout, strip):
+    """``tile_size(walk_stages=..., bwd_walk_stages=...)`` reaches the launches as WALK_STAGES (SEG's sums
+    launch too); pipelining a walk's loop over its tiles changes when loads are issued, not the arithmetic."""
+    B, C, T = 2, 6, 37
+    layout = LAYOUTS[layout]
+    x = make_x(B, C, T, layout, F32)
+    w, b = make_affine(C, F32)
+    gy, _gs = cotangents(name, x, B, C, False)
+    launched = _spy_launches(monkeypatch, ("WALK_STAGES",))
+    got = []
+    for st in (dict(walk_stages=1, bwd_walk_stages=1), dict(walk_stages=3, bwd_walk_stages=2)):
+        launched.clear()
+        with tile_size(block_t=4, block_c=4, strip=strip, span=3, **st):
+            got.append(gradients(name, x, w, b, eps_for(name), gy=gy, layout=layout))
+        assert {(which, s) for which, *_, s in launched} == {("fwd", st["walk_stages"]),
+                                                             ("bwd", st["bwd_walk_stages"])}
+    for k, v in got[0].items():
+        assert torch.equal(v, got[1][k]), k
+    check_gradients(got[1], gradients(name, x, w, b, eps_for(name), gy=gy, layout=layout, oracle=True), F32)
+
+
+@pytest.mark.parametrize("per_channel, last, mode, strip, backward, want", [
+    (True, True, launch.CUMULATIVE, 2, False, 3), (True, True, launch.CUMULATIVE, 2, True, 3),
+    (True, True, launch.EMA, 1, True, 3), (True, False, launch.EMA, 2, False, 3),
+    (True, False, launch.EMA, 2, True, 1), (True, False, launch.CUMULATIVE, 2, False, 1),
+    (True, True, launch.CUMULATIVE, 0, False, 1), (True, True, launch.GLOBAL, 1, False, 1),
+    (False, True, launch.CUMULATIVE, 2, False, 1), (False, True, launch.CUMULATIVE, 1, True, 1),
+])
+def test_which_walks_pipeline(per_channel, last, mode, strip, backward, want):
+    """walk_stages_for: only the walks the H200 timed faster (see its docstring) pipeline."""
+    assert launch.walk_stages_for(per_channel, last, mode, strip, backward) == want
+
+
 @pytest.mark.parametrize("C, per_channel, last, mode, strip, hold, es, want", [
     (512, False, True, launch.CUMULATIVE, 0, True, 4, 2),  # fp32 "b t c" look-back tiles of 4 chunks
     (512, False, True, launch.EMA, 0, True, 4, 2),
