@@ -59,10 +59,10 @@ def configs(flag_sets=("plain", "full")):
         bc_f, bt, warps_f, strip_f, hold_f, bc_b, warps_b, hold_b, strip_b = launch.choose_launch(
             B, C, T, pc, last, mode, 132, B * C * T * es, es)
         st = dict(b=C * T, c=1 if last else T, t=C if last else 1)
-        stages_f, stages_b = (launch.stages_for(C, c, pc, last, mode, s, hold_f, es)
-                              for c, s in ((bc_f, strip_f), (bc_b, strip_b)))
-        walk_f, walk_b = (launch.walk_stages_for(pc, last, mode, s, bwd) for s, bwd in ((strip_f, False),
-                                                                                      (strip_b, True)))
+        stages_f, stages_b = (launch.stages_for(C, c, bt, pc, last, mode, s, hold_f, es, bwd)
+                              for c, s, bwd in ((bc_f, strip_f, False), (bc_b, strip_b, True)))
+        walk_f, walk_b = (launch.walk_stages_for(pc, last, mode, s, bwd, c, bt, es)
+                          for c, s, bwd in ((bc_f, strip_f, False), (bc_b, strip_b, True)))
         causal = mode != 3
         # the strip variant of every running mode, too (SEG's, strip 2, are added below)
         seg = 2 in (strip_f, strip_b)

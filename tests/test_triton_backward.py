@@ -649,7 +649,24 @@ def test_which_walks_pipeline(per_channel, last, mode, strip, backward, want):
 ])
 def test_which_tiles_pipeline_their_chunk_loops(C, per_channel, last, mode, strip, hold, es, want):
     """stages_for: only the rows the H200 timed faster (see its docstring) pipeline."""
-    assert launch.stages_for(C, 128, per_channel, last, mode, strip, hold, es) == want
+    assert launch.stages_for(C, 128, 32, per_channel, last, mode, strip, hold, es) == want
+    assert launch.stages_for(C, 128, 32, per_channel, last, mode, strip, hold, es, True) == want
+
+
+@pytest.mark.parametrize("block_t, es, backward, smem, want", [
+    (128, 4, True, launch.H200_SMEM, 2), (128, 4, True, 99 << 10, 1),  # x and dy: 128 KB, over an RTX 4090's 99
+    (128, 4, False, 99 << 10, 2), (128, 4, False, 48 << 10, 1), (32, 4, True, 48 << 10, 2)])
+def test_pipelined_loops_fit_the_devices_shared_memory(block_t, es, backward, smem, want):
+    """A pipelined loop buffers a chunk of x (and of dy) a stage in shared memory: only where the device has it
+    (a launch over it fails with Triton's out-of-resources error)."""
+    assert launch.stages_for(512, 128, block_t, False, True, launch.CUMULATIVE, 0, True, es, backward, smem) == want
+
+
+@pytest.mark.parametrize("backward, smem, want", [(False, 48 << 10, 3), (True, 48 << 10, 3), (False, 12 << 10, 1),
+                                                  (True, 20 << 10, 1)])
+def test_pipelined_walks_fit_the_devices_shared_memory(backward, smem, want):
+    """A walk 3 deep buffers two [128, 8] fp32 tiles of x (and of dy): 8 KB (16 KB), and up to 8 KB of scratch."""
+    assert launch.walk_stages_for(True, True, launch.CUMULATIVE, 2, backward, 128, 8, 4, smem) == want
 
 
 @pytest.mark.parametrize("name, C, forced, lone", [("cln", 11, None, False), ("cln", 1, None, True),

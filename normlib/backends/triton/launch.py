@@ -85,6 +85,23 @@ def _num_sms(device) -> int:
     return 4
 
 
+H200_SMEM = 232448  # shared memory a block may opt in to on the H200 (227 KB); the interpreter's stand-in
+
+
+def _smem(device) -> int:
+    """The shared memory one program may take (pipelined loops keep their loads there)."""
+    if device is not None and device.type == "cuda":
+        return getattr(torch.cuda.get_device_properties(device), "shared_memory_per_block_optin", 49152)
+    return H200_SMEM
+
+
+def _fits(stages, block_c, block_t, elem_size, backward, smem) -> bool:
+    """Whether a loop pipelined ``stages`` deep fits in ``smem``: each stage past the first buffers a chunk of x
+    (and of dy, backward); measured under Triton 3.6, plus a few KB of scratch (cln fp32 "b t c" [128, 128]
+    backward, 2 stages: 135680 bytes)."""
+    return (stages - 1) * block_c * block_t * elem_size * (2 if backward else 1) + (8 << 10) <= smem
+
+
 def choose_tiles(C, T, per_channel, channels_last, device, mode=CUMULATIVE, elem_size=4):
     """(BLOCK_C, BLOCK_T, num_warps), from the H200 sweeps (benchmarks/sweep.py, RESULTS.md): rows of at
     128 bytes or more along the contiguous dim, 4 warps. A pooled tile spans all channels and is visited in
@@ -261,7 +278,8 @@ def choose_launch(B, C, T, per_channel, channels_last, mode, num_sms, nbytes, el
             bool(_OVERRIDE.get("bwd_hold", per_channel or bool(strip_b))), strip_b)
 
 
-def stages_for(C, block_c, per_channel, channels_last, mode, strip, hold, elem_size) -> int:
+def stages_for(C, block_c, block_t, per_channel, channels_last, mode, strip, hold, elem_size, backward=False,
+               smem=H200_SMEM) -> int:
     """How deep a pooled look-back tile software-pipelines its loops over chunks of channels (forward and
     backward alike; ``hold``: the forward's, see hold_for): 2 in "b t c" with at least 4 chunks, in fp32, or
     in 16 bits where the forward is lean; else 1 (none). The next chunk's loads go to shared memory (LDGSTS)
@@ -271,14 +289,17 @@ def stages_for(C, block_c, per_channel, channels_last, mode, strip, hold, elem_s
     59.3. Lost elsewhere: bf16 held (16, 512, 16000) 326 / 962 -> 352 / 1016; every "b c t" row (fp32 (16,
     512, 16000) 367 / 1018 -> 400 / 1131; frameln 296 -> 362); SEG walks (fp32 "b t c" (2, 256, 64000)
     forward 164 -> 207) and tiles of one or two chunks. GLOBAL timed the same either way (stays 1); 3 chunks
-    untimed (stays 1); 3 stages lost to 2."""
+    untimed (stays 1); 3 stages lost to 2. Only where the buffers fit the device's shared memory (``smem``:
+    a [128, 128] fp32 backward takes 133 KB, over an RTX 4090's 99)."""
     running = mode in (CUMULATIVE, EMA)
     chunks = triton.cdiv(C, block_c)
     deep = not per_channel and running and channels_last and not strip and chunks >= 4
-    return 2 if deep and (elem_size == 4 or not hold) else 1
+    ok = deep and (elem_size == 4 or not hold) and _fits(2, block_c, block_t, elem_size, backward, smem)
+    return 2 if ok else 1
 
 
-def walk_stages_for(per_channel, channels_last, mode, strip, backward) -> int:
+def walk_stages_for(per_channel, channels_last, mode, strip, backward, block_c=0, block_t=0, elem_size=4,
+                    smem=H200_SMEM) -> int:
     """How deep a walk (strip or SEG) software-pipelines its loop over its tiles: 3 for per-channel running
     walks in "b t c", and for EMA's per-channel forward walks in "b c t"; else 1 (none). Loads of the next
     two tiles go to shared memory while this one is computed. H200, CUDA graphs, forward / training step
@@ -288,10 +309,11 @@ def walk_stages_for(per_channel, channels_last, mode, strip, backward) -> int:
     593, (2, 256, 64000) 250 -> 215. Lost: ccln "b c t" steps (fp32 (16, 512, 16000) 1125 -> 1212, bf16 1093
     -> 1151, the forward unchanged) and ccemaln's "b c t" backward on (2, 256, 64000) (step 706 -> 707 with a
     35 µs faster forward); 2 stages lost to 3 nearly everywhere. Pooled walks untimed but cln "b t c"'s SEG
-    forward (2, 256, 64000), unchanged (164 µs): 1."""
+    forward (2, 256, 64000), unchanged (164 µs): 1. Only where the buffers fit ``smem`` (see stages_for)."""
     if not per_channel or mode not in (CUMULATIVE, EMA) or not strip:
         return 1
-    return 3 if channels_last or (mode == EMA and not backward) else 1
+    deep = channels_last or (mode == EMA and not backward)
+    return 3 if deep and _fits(3, block_c, block_t, elem_size, backward, smem) else 1
 
 
 class Plan(NamedTuple):
@@ -351,14 +373,19 @@ def _tiles_for(x, per_channel, decay) -> list[int]:
     span, span_b = (_OVERRIDE.get("span", v) for v in (span_f, span_b))
     deterministic = torch.are_deterministic_algorithms_enabled()
     walk = bool(_OVERRIDE.get("walk")) and not deterministic  # a walk would hide the prefix it waits for
-    mode, es = time_mode(decay), x.element_size()
-    stages = _OVERRIDE.get("stages", stages_for(C, bc, per_channel, channels_last, mode, strip, hold, es))
-    stages_b = _OVERRIDE.get("bwd_stages", stages_for(C, bc_b, per_channel, channels_last, mode, strip_b, hold, es))
+    mode, es, smem = time_mode(decay), x.element_size(), _smem(x.device)
+    stages = _OVERRIDE.get("stages", stages_for(C, bc, bt, per_channel, channels_last, mode, strip, hold, es,
+                                                False, smem))
+    stages_b = _OVERRIDE.get("bwd_stages", stages_for(C, bc_b, bt, per_channel, channels_last, mode, strip_b, hold,
+                                                      es, True, smem))
+    walk = _OVERRIDE.get("walk_stages", walk_stages_for(per_channel, channels_last, mode, strip, False, bc, bt, es,
+                                                        smem))
+    walk_b = _OVERRIDE.get("bwd_walk_stages", walk_stages_for(per_channel, channels_last, mode, strip_b, True, bc_b,
+                                                              bt, es, smem))
     return [bc, bt, warps, window, span, int(walk), int(deterministic), int(strip), int(hold), bc_b, warps_b,
             int(hold_b), strip_b, span_b, int(_OVERRIDE.get("maxnreg", 0)), int(_OVERRIDE.get("bwd_maxnreg", 0)),
             int(per_channel or C == 1 or bool(_OVERRIDE.get("lone"))), int(stages), int(stages_b),
-            int(_OVERRIDE.get("walk_stages", walk_stages_for(per_channel, channels_last, mode, strip, False))),
-            int(_OVERRIDE.get("bwd_walk_stages", walk_stages_for(per_channel, channels_last, mode, strip_b, True)))]
+            int(walk), int(walk_b)]
 
 
 def backward_tiles(tiles) -> list[int]:
