@@ -564,26 +564,32 @@ def test_forced_register_caps_reach_their_launches(monkeypatch):
         assert torch.equal(v, got[1][k]), k
 
 
-@pytest.mark.parametrize("name, layout", [("cln", "btc"), ("emaln", "bct"), ("gln", "btc"), ("frameln", "btc")])
-def test_pipelined_chunk_loops_give_the_same_bits(monkeypatch, name, layout):
-    """``tile_size(stages=..., bwd_stages=...)`` reaches the forward's and the backward's launches apart, as STAGES;
-    pipelining a pooled tile's chunk loops (5 chunks of channels here) changes when loads are issued, not the
-    arithmetic: the same bits as without, within the reference's tolerance."""
-    B, C, T = 2, 19, 15
+def _forced_depths_give_the_same_bits(monkeypatch, name, layout, C, T, arg, depths, **tiles):
+    """Gradients under each (forward, backward) pair of ``depths``, forced as ``tile_size(arg=, bwd_arg=)``: each
+    launch gets its pass's depth as the kernel's constexpr, and every depth gives the same bits (pipelining
+    changes when loads are issued, not the arithmetic), within the reference's tolerance."""
+    B = 2
     layout = LAYOUTS[layout]
     x = make_x(B, C, T, layout, F32)
     w, b = make_affine(C, F32)
     gy, _gs = cotangents(name, x, B, C, False)
-    launched = _spy_launches(monkeypatch, ("STAGES",))
+    launched = _spy_launches(monkeypatch, (arg.upper(),))
     got = []
-    for st in (dict(stages=1, bwd_stages=1), dict(stages=2, bwd_stages=3)):
+    for fwd, bwd in depths:
         launched.clear()
-        with tile_size(block_t=4, window=2, block_c=4, **st):
+        with tile_size(**tiles, **{arg: fwd, f"bwd_{arg}": bwd}):
             got.append(gradients(name, x, w, b, eps_for(name), gy=gy, layout=layout))
-        assert {(which, s) for which, *_, s in launched} == {("fwd", st["stages"]), ("bwd", st["bwd_stages"])}
+        assert {(which, s) for which, *_, s in launched} == {("fwd", fwd), ("bwd", bwd)}
     for k, v in got[0].items():
         assert torch.equal(v, got[1][k]), k
     check_gradients(got[1], gradients(name, x, w, b, eps_for(name), gy=gy, layout=layout, oracle=True), F32)
+
+
+@pytest.mark.parametrize("name, layout", [("cln", "btc"), ("emaln", "bct"), ("gln", "btc"), ("frameln", "btc")])
+def test_pipelined_chunk_loops_give_the_same_bits(monkeypatch, name, layout):
+    """A pooled tile's loops over its chunks of channels (5 here), pipelined or not."""
+    _forced_depths_give_the_same_bits(monkeypatch, name, layout, 19, 15, "stages", ((1, 1), (2, 3)), block_t=4,
+                                      window=2, block_c=4)
 
 
 @pytest.mark.parametrize("layout, want", [("btc", 2), ("bct", 1)])
@@ -602,24 +608,9 @@ def test_launches_pipeline_as_stages_for_says(monkeypatch, layout, want):
 @pytest.mark.parametrize("name, layout, strip", [("ccln", "btc", 2), ("ccemaln", "bct", 1), ("cln", "btc", 1),
                                                  ("cln", "bct", 2)])
 def test_pipelined_walks_give_the_same_bits(monkeypatch, name, layout, strip):
-    """``tile_size(walk_stages=..., bwd_walk_stages=...)`` reaches the launches as WALK_STAGES (SEG's sums
-    launch too); pipelining a walk's loop over its tiles changes when loads are issued, not the arithmetic."""
-    B, C, T = 2, 6, 37
-    layout = LAYOUTS[layout]
-    x = make_x(B, C, T, layout, F32)
-    w, b = make_affine(C, F32)
-    gy, _gs = cotangents(name, x, B, C, False)
-    launched = _spy_launches(monkeypatch, ("WALK_STAGES",))
-    got = []
-    for st in (dict(walk_stages=1, bwd_walk_stages=1), dict(walk_stages=3, bwd_walk_stages=2)):
-        launched.clear()
-        with tile_size(block_t=4, block_c=4, strip=strip, span=3, **st):
-            got.append(gradients(name, x, w, b, eps_for(name), gy=gy, layout=layout))
-        assert {(which, s) for which, *_, s in launched} == {("fwd", st["walk_stages"]),
-                                                             ("bwd", st["bwd_walk_stages"])}
-    for k, v in got[0].items():
-        assert torch.equal(v, got[1][k]), k
-    check_gradients(got[1], gradients(name, x, w, b, eps_for(name), gy=gy, layout=layout, oracle=True), F32)
+    """A walk's loop over its tiles (strips; SEG, whose sums' launch gets the depth too), pipelined or not."""
+    _forced_depths_give_the_same_bits(monkeypatch, name, layout, 6, 37, "walk_stages", ((1, 1), (3, 2)), block_t=4,
+                                      block_c=4, strip=strip, span=3)
 
 
 @pytest.mark.parametrize("per_channel, last, mode, strip, backward, want", [
