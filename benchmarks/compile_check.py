@@ -59,14 +59,15 @@ def configs(flag_sets=("plain", "full")):
         bc_f, bt, warps_f, strip_f, hold_f, bc_b, warps_b, hold_b, strip_b = launch.choose_launch(
             B, C, T, pc, last, mode, 132, B * C * T * es, es)
         st = dict(b=C * T, c=1 if last else T, t=C if last else 1)
-        stages_f, stages_b = (launch.stages_for(C, c, bt, pc, last, mode, s, hold_f, es, bwd)
-                              for c, s, bwd in ((bc_f, strip_f, False), (bc_b, strip_b, True)))
-        walk_f, walk_b = (launch.walk_stages_for(pc, last, mode, s, bwd, c, bt, es)
-                          for c, s, bwd in ((bc_f, strip_f, False), (bc_b, strip_b, True)))
         causal = mode != 3
         # the strip variant of every running mode, too (SEG's, strip 2, are added below)
         seg = 2 in (strip_f, strip_b)
         strip_f, strip_b = (bool(s) or (mode != 0 and full) for s in (strip_f, strip_b))
+        # pipeline depths as the launcher picks them for these walks (its hold: the forward's, before any walk)
+        stages_f, stages_b = (launch.stages_for(C, c, bt, pc, last, mode, s, hold_f, es, bwd)
+                              for c, s, bwd in ((bc_f, strip_f, False), (bc_b, strip_b, True)))
+        walk_f, walk_b = (launch.walk_stages_for(pc, last, mode, s, bwd, c, bt, es)
+                          for c, s, bwd in ((bc_f, strip_f, False), (bc_b, strip_b, True)))
         hold_f, hold_b = hold_f or strip_f, hold_b or strip_b  # a strip walk holds its tiles, as the launcher says
         for phase, (kernel, bc, warps, hold, strip, stages, walk) in itertools.product(
                 (2,) if mode == 3 and strip_f else (1, 2) if mode == 3 else (0,),

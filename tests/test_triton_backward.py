@@ -566,8 +566,9 @@ def test_forced_register_caps_reach_their_launches(monkeypatch):
 
 def _forced_depths_give_the_same_bits(monkeypatch, name, layout, C, T, arg, depths, **tiles):
     """Gradients under each (forward, backward) pair of ``depths``, forced as ``tile_size(arg=, bwd_arg=)``: each
-    launch gets its pass's depth as the kernel's constexpr, and every depth gives the same bits (pipelining
-    changes when loads are issued, not the arithmetic), within the reference's tolerance."""
+    launch gets its pass's depth as the kernel's constexpr, and the results agree with the reference. Run in
+    deterministic mode (a fixed look-back grouping), so that on a GPU every depth must give the same bits; the
+    interpreter ignores the depth."""
     B = 2
     layout = LAYOUTS[layout]
     x = make_x(B, C, T, layout, F32)
@@ -586,7 +587,7 @@ def _forced_depths_give_the_same_bits(monkeypatch, name, layout, C, T, arg, dept
 
 
 @pytest.mark.parametrize("name, layout", [("cln", "btc"), ("emaln", "bct"), ("gln", "btc"), ("frameln", "btc")])
-def test_pipelined_chunk_loops_give_the_same_bits(monkeypatch, name, layout):
+def test_pipelined_chunk_loops_give_the_same_bits(monkeypatch, deterministic, name, layout):
     """A pooled tile's loops over its chunks of channels (5 here), pipelined or not."""
     _forced_depths_give_the_same_bits(monkeypatch, name, layout, 19, 15, "stages", ((1, 1), (2, 3)), block_t=4,
                                       window=2, block_c=4)
@@ -607,10 +608,29 @@ def test_launches_pipeline_as_stages_for_says(monkeypatch, layout, want):
 
 @pytest.mark.parametrize("name, layout, strip", [("ccln", "btc", 2), ("ccemaln", "bct", 1), ("cln", "btc", 1),
                                                  ("cln", "bct", 2)])
-def test_pipelined_walks_give_the_same_bits(monkeypatch, name, layout, strip):
+def test_pipelined_walks_give_the_same_bits(monkeypatch, deterministic, name, layout, strip):
     """A walk's loop over its tiles (strips; SEG, whose sums' launch gets the depth too), pipelined or not."""
     _forced_depths_give_the_same_bits(monkeypatch, name, layout, 6, 37, "walk_stages", ((1, 1), (3, 2)), block_t=4,
                                       block_c=4, strip=strip, span=3)
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_launch_choices_keep_their_places(deterministic):
+    """Each choice in its place of tiles_for's list: the look-back's test switch (AGG_ONLY, index 5) is on only
+    when forced outside deterministic mode (on there, a deterministic look-back waited forever), whatever the
+    pipeline depths at 17 to 20."""
+    x = make_x(2, 19, 15, LAYOUTS["btc"], F32)
+    old = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(deterministic)
+    try:
+        with tile_size(block_t=4, block_c=4, walk_stages=3, bwd_walk_stages=2, stages=2, bwd_stages=3):
+            tiles = launch.tiles_for(x, False, 1.0)
+        with tile_size(block_t=4, block_c=4, walk=True):
+            walked = launch.tiles_for(x, False, 1.0)
+    finally:
+        torch.use_deterministic_algorithms(old)
+    assert (tiles[5], tiles[6], tiles[17:]) == (0, int(deterministic), [2, 3, 3, 2])
+    assert walked[5] == int(not deterministic)
 
 
 @pytest.mark.parametrize("per_channel, last, mode, strip, backward, want", [

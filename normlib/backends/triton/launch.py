@@ -54,8 +54,8 @@ def tile_size(block_t=None, block_c=None, window=None, span=None, walk=None, war
     it is on); ``stages=N`` software-pipelines a pooled tile's loops over its chunks of channels N deep
     (Triton's ``tl.range(num_stages=N)``: the next chunks' loads go to shared memory ahead of their use; 1,
     the default, does not); ``walk_stages=N`` pipelines a walk's loop over its tiles (strips, SEG) and the
-    span sums' the same way; ``bwd_*`` set the backward's own choices (a pooled backward's BLOCK_C and hold, any backward's
-    warps, strip and maxnreg)."""
+    span sums' the same way; ``bwd_*`` set the backward's own choices (a pooled backward's BLOCK_C and hold, any
+    backward's warps, strip, maxnreg and pipeline depths)."""
     old = dict(_OVERRIDE)
     _OVERRIDE.update({k: v for k, v in dict(block_t=block_t, block_c=block_c, window=window, span=span,
                                             walk=walk, warps=warps, strip=strip, bwd_block_c=bwd_block_c,
@@ -372,20 +372,20 @@ def _tiles_for(x, per_channel, decay) -> list[int]:
         span_f = span_b
     span, span_b = (_OVERRIDE.get("span", v) for v in (span_f, span_b))
     deterministic = torch.are_deterministic_algorithms_enabled()
-    walk = bool(_OVERRIDE.get("walk")) and not deterministic  # a walk would hide the prefix it waits for
+    agg_only = bool(_OVERRIDE.get("walk")) and not deterministic  # a walk would hide the prefix it waits for
     mode, es, smem = time_mode(decay), x.element_size(), _smem(x.device)
     stages = _OVERRIDE.get("stages", stages_for(C, bc, bt, per_channel, channels_last, mode, strip, hold, es,
                                                 False, smem))
     stages_b = _OVERRIDE.get("bwd_stages", stages_for(C, bc_b, bt, per_channel, channels_last, mode, strip_b, hold,
                                                       es, True, smem))
-    walk = _OVERRIDE.get("walk_stages", walk_stages_for(per_channel, channels_last, mode, strip, False, bc, bt, es,
-                                                        smem))
+    walk_f = _OVERRIDE.get("walk_stages", walk_stages_for(per_channel, channels_last, mode, strip, False, bc, bt, es,
+                                                          smem))
     walk_b = _OVERRIDE.get("bwd_walk_stages", walk_stages_for(per_channel, channels_last, mode, strip_b, True, bc_b,
                                                               bt, es, smem))
-    return [bc, bt, warps, window, span, int(walk), int(deterministic), int(strip), int(hold), bc_b, warps_b,
+    return [bc, bt, warps, window, span, int(agg_only), int(deterministic), int(strip), int(hold), bc_b, warps_b,
             int(hold_b), strip_b, span_b, int(_OVERRIDE.get("maxnreg", 0)), int(_OVERRIDE.get("bwd_maxnreg", 0)),
             int(per_channel or C == 1 or bool(_OVERRIDE.get("lone"))), int(stages), int(stages_b),
-            int(walk), int(walk_b)]
+            int(walk_f), int(walk_b)]
 
 
 def backward_tiles(tiles) -> list[int]:
