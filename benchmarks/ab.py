@@ -7,7 +7,9 @@
 
 A case is norm:B,C,T:dtype:layout (layout bct or btc). Every variant runs under the working tree's
 launcher; a variant may force tiles as ``launch.tile_size`` does, after an @ (``tree@block_c=64,block_t=64``
-or ``/tmp/k.py@warps=8``). Some rows settle at one of two speeds per process (the backward of cln (1, 128, 256000) took
+or ``/tmp/k.py@warps=8``). An older kernels.py may lack constexprs that the launcher passes (LONE, STAGES,
+WALK_STAGES): they are dropped where that leaves the launch as it was, and a pipelined default must be forced
+back for it (``/tmp/k.py@walk_stages=1,bwd_walk_stages=1``). Some rows settle at one of two speeds per process (the backward of cln (1, 128, 256000) took
 225 µs in one process and 437 µs in the next with the same kernel), so one process per variant cannot rank
 changes: each round starts a new process per variant. Prints, per case and variant, the median over
 processes of the forward and backward (÷ copy, as in gpu_report.py: 2N and 3N moved), their range, and
@@ -41,6 +43,31 @@ def _load_kernels(path):
     return mod
 
 
+# constexprs the launcher passes that older kernels may not take, with the value that means "as before"
+NEWER = {"LONE": None, "STAGES": 1, "WALK_STAGES": 1}
+
+
+class _Older:
+    """An older version's kernel under today's launcher: arguments it does not take are dropped where they
+    leave the launch as it was (a forced pipeline depth on a kernel without one is an error)."""
+
+    def __init__(self, kernel):
+        self.kernel, self.params = kernel, set(kernel.arg_names)
+
+    def __getitem__(self, grid):
+        run = self.kernel[grid]
+
+        def call(**kw):
+            for name, same in NEWER.items():
+                if name in kw and name not in self.params:
+                    if same is not None and kw[name] != same:
+                        raise ValueError(f"this kernel has no {name}, launched with {name}={kw[name]}: force the "
+                                         f"depth to {same} after an @ (e.g. @walk_stages=1,bwd_walk_stages=1)")
+                    del kw[name]
+            return run(**kw)
+        return call
+
+
 def use_variant(variant):
     """Put a variant's kernels in the launcher; returns its forced tiles, for ``launch.tile_size``."""
     from normlib.backends.triton import launch
@@ -48,7 +75,7 @@ def use_variant(variant):
     kernels, _, tiles = variant.partition("@")
     if kernels != TREE:
         mod = _load_kernels(kernels)
-        launch.running_norm_fwd, launch.running_norm_bwd = mod.running_norm_fwd, mod.running_norm_bwd
+        launch.running_norm_fwd, launch.running_norm_bwd = _Older(mod.running_norm_fwd), _Older(mod.running_norm_bwd)
     return {k: int(v) for k, v in (kv.split("=") for kv in tiles.split(",") if kv)}
 
 
