@@ -306,9 +306,9 @@ def walk_stages_for(per_channel, channels_last, mode, strip, backward, block_c=0
     (µs), 1 -> 3: ccln "b t c" (16, 512, 16000) fp32 511 / 1664 -> 456 / 1469, bf16 445 / 1837 -> 373 / 1446,
     (2, 256, 64000) fp32 151 / 504 -> 136 / 445; ccemaln "b t c" fp32 (16, 512, 16000) 562 / 2403 -> 518 /
     2130, bf16 (2, 256, 64000) 187 / 774 -> 170 / 657; ccemaln "b c t" forward fp32 (16, 512, 16000) 718 ->
-    593, (2, 256, 64000) 250 -> 215. Lost: ccln "b c t" steps (fp32 (16, 512, 16000) 1125 -> 1212, bf16 1093
-    -> 1151, the forward unchanged) and ccemaln's "b c t" backward on (2, 256, 64000) (step 706 -> 707 with a
-    35 µs faster forward); 2 stages lost to 3 nearly everywhere. Pooled walks untimed but cln "b t c"'s SEG
+    593, (2, 256, 64000) 250 -> 215. Lost: ccln "b c t" (fp32 (16, 512, 16000) forward 331 -> 331, step 1125 ->
+    1212; bf16 319 -> 341 and 1093 -> 1151) and ccemaln's "b c t" backward on (2, 256, 64000) (step 706 -> 707
+    with a 35 µs faster forward); 2 stages lost to 3 nearly everywhere. Pooled walks untimed but cln "b t c"'s SEG
     forward (2, 256, 64000), unchanged (164 µs): 1. Only where the buffers fit ``smem`` (see stages_for)."""
     if not per_channel or mode not in (CUMULATIVE, EMA) or not strip:
         return 1
