@@ -7,7 +7,7 @@ from typing import NamedTuple
 
 import torch
 
-from .spec import NormSpec
+from .spec import NormSpec, _check_decay, _real
 from .state import NormState
 
 LAYOUTS = ("b c t", "b t c")
@@ -45,7 +45,10 @@ def check_num_channels(num_channels) -> int:
 
 def check_options(spec: NormSpec, eps, eps_mode, decay, layout, backend):
     """The hyper-parameters; returns (decay as the kernels use it, layout normalized). A layer passes the
-    same ones on every call, so good ones are remembered (by value and type: True is not 1)."""
+    same ones on every call, so good ones are remembered (by value and type: True is not 1); not while
+    dynamo traces, which warns about a cached function (and checks once per compile anyway)."""
+    if torch.compiler.is_compiling():
+        return _check_options(spec, eps, eps_mode, decay, layout, backend)
     try:
         return _options_seen(spec, eps, eps_mode, decay, layout, backend)
     except TypeError:  # an unhashable argument: check it uncached, which names what is wrong
@@ -55,27 +58,22 @@ def check_options(spec: NormSpec, eps, eps_mode, decay, layout, backend):
 def _check_options(spec: NormSpec, eps, eps_mode, decay, layout, backend):
     from .backends import NAMES
 
+    if not isinstance(spec, NormSpec):
+        raise TypeError(f"spec must be a normlib.NormSpec (or the name of a norm registered with one), "
+                        f"got {spec!r}")
     layout = normalize_layout(layout)
     if backend not in NAMES:
         raise ValueError(f"backend must be one of {NAMES}, got {backend!r}")
     if eps_mode not in EPS_MODES:
         raise ValueError(f"eps_mode must be one of {EPS_MODES}, got {eps_mode!r}")
-    # eps - eps == 0: math.isfinite, which dynamo cannot trace on a symbolic float (dynamic=True)
-    if not _real(eps) or not eps - eps == 0 or eps < 0:
+    # eps - eps == 0: math.isfinite, which dynamo cannot trace on a symbolic float (dynamic=True); an int
+    # past float's range is refused here rather than by float() later
+    if not _real(eps) or not eps - eps == 0 or eps < 0 or (isinstance(eps, numbers.Integral) and eps > 1e308):
         raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
     decay = spec.resolve_decay(decay)
     if decay is not None:
-        if not _real(decay) or not 0.0 <= decay <= 1.0:
-            raise ValueError(f"decay must be a number in [0, 1], got {decay!r}")
-        decay = float(decay)
-        if decay == 0 and spec.per_channel:
-            raise ValueError(f"decay=0 makes {spec.name!r} a per-channel single-frame norm (variance 0): refused")
+        decay = _check_decay(spec, decay)
     return decay, layout
-
-
-def _real(v) -> bool:
-    """A real number, bools aside: Python's, or numpy's scalars (np.float32(1e-5) from a config)."""
-    return not isinstance(v, bool) and (isinstance(v, (int, float)) or isinstance(v, numbers.Real))
 
 
 _options_seen = functools.lru_cache(maxsize=1024, typed=True)(_check_options)  # errors are never cached
@@ -110,7 +108,10 @@ def check_inputs(spec: NormSpec, x, weight, bias, eps, eps_mode, decay, lengths,
 
     if lengths is not None:
         if not isinstance(lengths, torch.Tensor):
-            lengths = torch.as_tensor(lengths, device=x.device)
+            try:
+                lengths = torch.as_tensor(lengths, device=x.device)
+            except (TypeError, ValueError, RuntimeError, OverflowError):
+                raise TypeError(f"lengths must be a tensor or a sequence of integers, got {lengths!r}") from None
             if not lengths.numel():  # [] (B = 0) reads as float32
                 lengths = lengths.long()
         if lengths.shape != (B,):
@@ -119,6 +120,8 @@ def check_inputs(spec: NormSpec, x, weight, bias, eps, eps_mode, decay, lengths,
             raise TypeError(f"lengths must be an integer tensor, got {lengths.dtype}")
         if lengths.device != x.device:
             raise ValueError(f"lengths is on {lengths.device} but x is on {x.device}")
+        if lengths.dtype in (torch.uint16, torch.uint32, torch.uint64):  # no min/max kernels for these
+            lengths = lengths.to(torch.int64)  # (uint64 past 2**63 wraps negative, and is refused below)
         if B and not torch.compiler.is_compiling():
             lo, hi = torch.stack(torch.aminmax(lengths)).tolist()  # one device sync, not two
             if lo < 0 or hi > T:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from . import backends
-from .checks import check_inputs
+from .checks import check_inputs, check_num_channels
 from .spec import FAMILY, NormSpec
 
 
@@ -16,7 +16,10 @@ def norm(spec: NormSpec, x: torch.Tensor, weight=None, bias=None, eps: float = 1
     if isinstance(spec, str):
         from .registry import get
 
-        spec = get(spec).spec
+        spec = get(spec)
+    spec = getattr(spec, "spec", spec)  # a layer class or layer: its spec (check_inputs refuses the rest)
+    if num_channels is not None:
+        num_channels = check_num_channels(num_channels)
     c = check_inputs(spec, x, weight, bias, eps, eps_mode, decay, lengths, state, return_state, layout,
                      backend, num_channels)
     forward = backends.resolve(backend, x)

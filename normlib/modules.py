@@ -47,6 +47,9 @@ class NormLayer(nn.Module):
     def __init__(self, num_channels: int, eps: float = 1e-8, elementwise_affine: bool = True,
                  bias: bool = True, *, eps_mode: str = "inside", decay: float | None = None,
                  layout: str = "b c t", backend: str = "auto", device=None, dtype=None):
+        if not isinstance(getattr(self, "spec", None), NormSpec):
+            raise TypeError(f"{type(self).__name__} has no NormSpec: NormLayer is the base class; build a layer "
+                            "with normlib.get(name)(num_channels) or layer_class(spec)")
         factory_kwargs = {"device": device, "dtype": dtype}
         super().__init__()
         self.num_channels = num_channels = check_num_channels(num_channels)
@@ -86,7 +89,8 @@ class NormLayer(nn.Module):
             s += f", decay={self.decay}"
         if self.eps_mode != "inside":
             s += f", eps_mode={self.eps_mode!r}"
-        return s + f", layout={self.layout!r}"
+        s += f", layout={self.layout!r}"
+        return s + (f", backend={self.backend!r}" if self.backend != "auto" else "")
 
 
 def layer_class(spec: NormSpec) -> type[NormLayer]:

@@ -1,6 +1,6 @@
 """PyTorch references, one per norm, written as DESIGN.md section 1 reads. They are the test oracle.
 
-Inputs are (B, C, T) ("b c t"). Statistics are computed in float64 for float64 inputs (the oracle) and in
+Inputs are (B, C, T) ("b c t"), or (B, T, C) with ``layout="b t c"``. Statistics are computed in float64 for float64 inputs (the oracle) and in
 float32 otherwise (the speed baseline of the benchmarks). Running sums are shifted by a constant K per
 sequence (and channel): the variance does not depend on K, and the shift keeps E[(x-K)^2] - (mu-K)^2 from
 cancelling catastrophically under a DC offset.
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 
+import einops
 import torch
 from torch import Tensor
 
@@ -46,6 +47,23 @@ def _valid(x, lengths):
     return (torch.arange(T, device=x.device) < lengths[:, None])[:, None, :]
 
 
+def _in_layout(fn):
+    """``fn`` on (B, C, T) inputs, taking ``layout`` too: x is read in it, y (not the state) is given in it."""
+
+    @functools.wraps(fn)
+    def in_layout(x, *args, layout="b c t", **kw):
+        from .checks import normalize_layout
+
+        layout = normalize_layout(layout)
+        out = fn(einops.rearrange(x, f"{layout} -> b c t"), *args, **kw)
+        y, rest = (out[0], out[1:]) if isinstance(out, tuple) else (out, ())
+        y = einops.rearrange(y, f"b c t -> {layout}")
+        return (y, *rest) if rest else y
+
+    return in_layout
+
+
+@_in_layout
 def running_norm(x, weight=None, bias=None, eps=1e-8, *, per_channel, decay, eps_mode="inside",
                  lengths=None, state=None, return_state=False):
     """The causal norms: frame tau weighs decay^(t - tau) in the statistics of frame t."""
@@ -95,6 +113,7 @@ def running_norm(x, weight=None, bias=None, eps=1e-8, *, per_channel, decay, eps
     return y, NormState(w, m, m2)
 
 
+@_in_layout
 def global_norm(x, weight=None, bias=None, eps=1e-8, *, per_channel, eps_mode="inside", lengths=None):
     """The non-causal norms: one mean and variance over all valid frames (and channels, when pooled)."""
     y_dtype, sd = x.dtype, (torch.float64 if x.dtype == torch.float64 else torch.float32)

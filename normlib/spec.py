@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import enum
+import numbers
 from dataclasses import dataclass
 
 
@@ -15,6 +16,21 @@ class TimeMode(str, enum.Enum):
     CUMULATIVE = "cumulative"  # s_t = merge_1(s_{t-1}, f_t)
     EMA = "ema"  # s_t = merge_a(s_{t-1}, f_t)
     GLOBAL = "global"  # one state over all valid frames
+
+
+def _real(v) -> bool:
+    """A real number, bools aside: Python's, or numpy's scalars (np.float32(1e-5) from a config)."""
+    return not isinstance(v, bool) and (isinstance(v, (int, float)) or isinstance(v, numbers.Real))
+
+
+def _check_decay(spec, decay, what="decay") -> float:
+    """A decay in [0, 1] as a float (not 0 for a per-channel norm); ``what`` names it in the message."""
+    if not _real(decay) or not 0.0 <= decay <= 1.0:
+        raise ValueError(f"{what} must be a number in [0, 1], got {decay!r}")
+    decay = float(decay)
+    if decay == 0 and spec.per_channel:
+        raise ValueError(f"{what}=0 makes {spec.name!r} a per-channel single-frame norm (variance 0): refused")
+    return decay
 
 
 @dataclass(frozen=True)
@@ -32,6 +48,17 @@ class NormSpec:
     decay: float | None = None
 
     def __post_init__(self):
+        # the enums' values ("channel", "ema") are accepted too: compared by identity below, a plain string
+        # would silently read as the other member
+        for field, kind in (("pool", Pool), ("time", TimeMode)):
+            value = getattr(self, field)
+            try:
+                object.__setattr__(self, field, kind(value))
+            except ValueError:
+                raise ValueError(f"norm {self.name!r}: {field} must be one of "
+                                 f"{[m.value for m in kind]}, got {value!r}") from None
+        if not isinstance(self.name, str) or not any(ch.isalnum() for ch in self.name):
+            raise ValueError(f"NormSpec name must be a string with a letter or digit, got {self.name!r}")
         if self.pool is Pool.CHANNEL and self.time is TimeMode.FRAME:
             raise ValueError(
                 f"norm {self.name!r}: per-channel statistics of a single frame have zero variance; "
@@ -39,6 +66,8 @@ class NormSpec:
             )
         if (self.time is TimeMode.EMA) != (self.decay is not None):
             raise ValueError(f"norm {self.name!r}: a default decay is given exactly for time mode 'ema'")
+        if self.decay is not None:
+            _check_decay(self, self.decay, f"norm {self.name!r}: default decay")
 
     @property
     def causal(self) -> bool:

@@ -171,18 +171,13 @@ def ref(name, x, weight=None, bias=None, eps=1e-8, *, layout="b c t", decay=None
     """
     f64 = lambda t: None if t is None else t.to(torch.float64)  # noqa: E731 (keeps autograd)
     xv = f64(x)
-    if layout == "b t c":
-        xv = xv.transpose(1, 2)
-    kw = dict(eps_mode=eps_mode, lengths=lengths)
+    kw = dict(eps_mode=eps_mode, lengths=lengths, layout=layout)
     if name in EMA:
         kw["decay"] = SPECS[name].decay if decay is None else decay
     if SPECS[name].causal:
         kw.update(state=None if state is None else state.to(torch.float64), return_state=return_state)
     out = getattr(reference, name)(xv, f64(weight), f64(bias), eps, **kw)
-    y, s = (out if return_state else (out, None))
-    if layout == "b t c":
-        y = y.transpose(1, 2)
-    return (y, s) if return_state else y
+    return out
 
 
 def assert_state_close(out, expected, tol, what="state", floor=False):

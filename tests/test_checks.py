@@ -161,6 +161,18 @@ def test_lengths_non_integer(name, dtype):
         run(name, x_(B=2, T=6), lengths=torch.tensor([6, 3]).to(dtype))
 
 
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int16, torch.uint16, torch.uint32, torch.uint64])
+def test_lengths_of_any_integer_dtype(dtype):
+    x = x_(B=2, T=6)
+    assert torch.equal(run("cln", x, lengths=torch.tensor([6, 3]).to(dtype)), run("cln", x, lengths=[6, 3]))
+
+
+@pytest.mark.parametrize("lengths", ["ab", [None, 1], {0: 1, 1: 2}])
+def test_lengths_that_are_no_integers(lengths):
+    with pytest.raises(TypeError, match=r"lengths must be a tensor or a sequence of integers"):
+        run("cln", x_(B=2, T=6), lengths=lengths)
+
+
 def test_lengths_float_list():
     with pytest.raises(TypeError, match=r"lengths must be an integer tensor"):
         run("cln", x_(B=2, T=6), lengths=[6.0, 3.5])
@@ -280,6 +292,39 @@ def test_bad_eps(name, eps):
         run(name, x_(), eps=eps)
     with pytest.raises(ValueError, match=r"eps must be a finite number >= 0"):
         normlib.create(name, 4, eps=eps)
+
+
+def test_eps_past_floats_range():
+    with pytest.raises(ValueError, match=r"eps must be a finite number >= 0"):
+        run("cln", x_(), eps=10**400)
+
+
+def test_spec_that_is_no_normspec():
+    class Plain(torch.nn.Module):
+        pass
+
+    for spec in (None, Plain, Plain()):
+        with pytest.raises(TypeError, match=r"spec must be a normlib.NormSpec"):
+            F.norm(spec, x_())
+    x = x_()  # a layer class or layer stands for its spec
+    assert torch.equal(F.norm(normlib.get("cln"), x), F.cln(x))
+    assert torch.equal(F.norm(normlib.create("ccln", 4), x), F.ccln(x))
+
+
+def test_functional_num_channels():
+    with pytest.raises(ValueError, match=r"num_channels must be an integer >= 0, got '4'"):
+        F.cln(x_(C=4), num_channels="4")
+
+
+def test_options_are_checked_without_the_cache_under_compile():
+    """Dynamo warns about a call into an lru_cache; the compiled call checks its options uncached."""
+    import warnings
+
+    layer = normlib.create("cln", 4, backend="torch")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.compile(layer, fullgraph=True, backend="eager")(x_())
+    assert not [w for w in caught if "lru_cache" in str(w.message)]
 
 
 def test_eps_zero_and_int_accepted():

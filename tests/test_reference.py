@@ -208,8 +208,24 @@ def test_reference_frameln_is_layernorm_over_channels():
     with torch.no_grad():
         ln.weight.copy_(make_affine(C, F64)[0])
         ln.bias.copy_(make_affine(C, F64)[1])
-    y = R.frameln(x_btc.transpose(1, 2), ln.weight, ln.bias, 1e-5).transpose(1, 2)
+    y = R.frameln(x_btc, ln.weight, ln.bias, 1e-5, layout="b t c")
     torch.testing.assert_close(y, ln(x_btc), **TIGHT)
+
+
+@pytest.mark.parametrize("name", NORMS)
+def test_reference_reads_and_writes_either_layout(name):
+    """layout="b t c": x read as (B, T, C), y given as (B, T, C), the state as in "b c t"."""
+    x = make_x(2, 5, 11, dtype=F64)
+    kw = dict(return_state=True) if SPECS[name].causal else {}
+    f = R.REFERENCES[name]
+    got, want = f(x.transpose(1, 2), layout="btc", **kw), f(x, **kw)
+    if kw:
+        (got, s_got), (want, s_want) = got, want
+        for a, b in zip(s_got, s_want):
+            assert torch.equal(a, b)
+    assert torch.equal(got, want.transpose(1, 2))
+    with pytest.raises(ValueError, match=r"layout must be one of"):
+        f(x, layout="c t")
 
 
 # ---------------------------------------------------------------------------------------------------

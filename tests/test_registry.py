@@ -221,6 +221,55 @@ def test_spec_decay_only_for_ema():
         NormSpec("c", Pool.ALL, TimeMode.CUMULATIVE, "C", "cumulative with a decay", decay=0.5)
 
 
+def test_spec_takes_the_enums_values():
+    """Pool and TimeMode are compared by identity: their values are turned into them, not misread."""
+    spec = NormSpec("s", "channel", "cumulative", "S", "per channel, cumulative")
+    assert spec.pool is Pool.CHANNEL and spec.per_channel and spec.causal
+    assert not NormSpec("g", "all", "global", "G", "global").causal
+    assert NormSpec("e", "all", "ema", "E", "ema", decay=0.5).time is TimeMode.EMA
+    with pytest.raises(ValueError, match=r"degenerate"):
+        NormSpec("chframe", "channel", "frame", "ChFrame", "per-channel single frame")
+    with pytest.raises(ValueError, match=r"pool must be one of \['all', 'channel'\], got 'chan'"):
+        NormSpec("x", "chan", "cumulative", "X", "typo")
+    with pytest.raises(ValueError, match=r"time must be one of"):
+        NormSpec("x", "all", "cumul", "X", "typo")
+
+
+@pytest.mark.parametrize("decay", [1.5, -0.1, float("nan")])
+def test_spec_default_decay_outside_unit_interval(decay):
+    with pytest.raises(ValueError, match=r"norm 'e': default decay must be a number in \[0, 1\]"):
+        NormSpec("e", Pool.ALL, TimeMode.EMA, "E", "ema", decay=decay)
+    with pytest.raises(ValueError, match=r"default decay=0 makes 'e' a per-channel single-frame norm"):
+        NormSpec("e", Pool.CHANNEL, TimeMode.EMA, "E", "ema", decay=0.0)
+
+
+@pytest.mark.parametrize("name", ["", "--", " "])
+def test_names_without_a_letter_are_refused(name):
+    with pytest.raises(ValueError, match=r"letter or digit"):
+        NormSpec(name, Pool.ALL, TimeMode.CUMULATIVE, "X", "no name")
+    with pytest.raises(ValueError, match=r"letter or digit"):
+        normlib.register(name, normlib.FAMILY[0])
+    with pytest.raises(ValueError, match=r"letter or digit"):
+        normlib.register("usertestok", normlib.FAMILY[0], aliases=("-",))
+
+
+def test_an_alias_may_not_be_another_norms_name(uname):
+    spec = NormSpec(uname, Pool.ALL, TimeMode.EMA, "MyLN", "desc", decay=0.5)
+    with pytest.raises(ValueError, match=r"\['gln'\] are registered norm names"):
+        normlib.register(uname, spec, aliases=("GLN",), overwrite=True)
+    assert normlib.get("gln") is normlib.GlobalLayerNorm and uname not in normlib.available()
+
+
+def test_the_base_class_is_no_layer():
+    with pytest.raises(TypeError, match=r"NormLayer is the base class"):
+        normlib.NormLayer(4)
+
+
+def test_a_pinned_backend_shows_in_repr():
+    assert "backend='torch'" in repr(normlib.create("cln", 4, backend="torch"))
+    assert "backend" not in repr(normlib.create("cln", 4))
+
+
 def test_family_specs():
     assert tuple(s.name for s in normlib.FAMILY) == NORMS
     table = {s.name: (s.pool, s.time) for s in normlib.FAMILY}

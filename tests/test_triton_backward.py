@@ -982,3 +982,22 @@ def test_only_the_state_requires_grad(name):
         got = gradients(name, x, w, b, **kw)
     assert set(got) == set(STATE_FIELDS)
     check_gradients(got, gradients(name, x, w, b, oracle=True, **kw), F32)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("name", ["cln", "ccemaln"])
+def test_with_only_the_affine_to_train_the_state_out_is_constant(name, backend):
+    """The returned state depends on x and the incoming state only: a layer whose weights alone require grad
+    returns a state with no graph on both backends (Triton's once held its whole call alive, chunk after chunk,
+    and a state made to require grad from it got no gradient)."""
+    layer = normlib.create(name, 4, backend=backend)
+    x = make_x(2, 4, 9)
+    _, s = layer(x, return_state=True)
+    assert not any(t.requires_grad or t.grad_fn is not None for t in s)
+    m = s.m.clone().requires_grad_()
+    y, s2 = layer(x, state=normlib.NormState(s.w, m, s.m2), return_state=True)
+    (gm,) = torch.autograd.grad(y.square().sum() + s2.m2.sum(), m)
+    assert gm.abs().sum() > 0
+    xg = x.clone().requires_grad_()  # with x to train, the state is on its graph
+    (gx,) = torch.autograd.grad(layer(xg, return_state=True)[1].m.sum(), xg)
+    assert gx.abs().sum() > 0

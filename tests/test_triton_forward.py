@@ -993,6 +993,12 @@ def test_no_channels_give_an_empty_y_and_pass_the_state_through(name, backend):
             y, s = getattr(normlib.functional, name)(x, state=state, return_state=True, **kw)
             for got, exp in zip(s, want):
                 assert got.dtype == SD and torch.equal(got.cpu(), exp.cpu()), (name, state is None, s)
+        # the state passed through, so its gradient does too (the Triton backward once dropped it at C = 0)
+        m, m2 = (to(torch.tensor(v, dtype=SD)).expand(shape).clone().requires_grad_() for v in (0.5, 2.0))
+        _, s = getattr(normlib.functional, name)(x, state=normlib.NormState(incoming.w, m, m2),
+                                                 return_state=True, **kw)
+        gm, gm2 = torch.autograd.grad((s.m * 3).sum() + s.m2.sum(), (m, m2))
+        assert torch.equal(gm.cpu(), torch.full(shape, 3.0, dtype=SD)) and torch.equal(gm2.cpu(), torch.ones(shape, dtype=SD))
     assert y.shape == x.shape
     (gx,) = torch.autograd.grad(y.sum(), x)
     assert gx.shape == x.shape

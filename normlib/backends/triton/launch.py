@@ -587,11 +587,11 @@ def backward(gy, gsout, x, weight, lengths, sin, pre, *, per_channel, decay, eps
         gx.zero_()
         if gwp is not None:
             gwp.zero_()
-    if gsin is not None and gsout is not None:
-        if lengths is not None:  # a sequence with no frame passed its state straight through
-            gsin = torch.where((lengths == 0).view(1, B, 1), gsin + gsout, gsin)
-        elif T == 0:
+    if gsin is not None and gsout is not None:  # a sequence with no value passed its state straight through
+        if not x.numel():  # T = 0 or C = 0
             gsin = gsin + gsout
+        elif lengths is not None:
+            gsin = torch.where((lengths == 0).view(1, B, 1), gsin + gsout, gsin)
     if gsin is not None:  # a state's weight is a count, which nothing differentiable moves: no gradient
         gsin[0] = 0
     gw, gb = weight_grads(gwp.view(2, B * p.nt, C)) if gwp is not None else (None, None)
