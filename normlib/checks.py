@@ -130,6 +130,8 @@ def check_inputs(spec: NormSpec, x, weight, bias, eps, eps_mode, decay, lengths,
             torch._assert_async(((lengths >= 0) & (lengths <= T)).all(), "lengths must lie in [0, T]")
         lengths = lengths.to(torch.int64)
 
+    if return_state is not True and return_state is not False and return_state not in (0, 1):
+        raise TypeError(f"return_state must be True or False, got {return_state!r}")
     if (state is not None or return_state) and not spec.causal:
         raise ValueError(f"{spec.name!r} is not causal ({spec.time.value}): it takes no state and returns none")
     if state is not None:

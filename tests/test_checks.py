@@ -294,6 +294,12 @@ def test_bad_eps(name, eps):
         normlib.create(name, 4, eps=eps)
 
 
+@pytest.mark.parametrize("value", ["no", None, 2, [True]])
+def test_return_state_not_a_bool(value):
+    with pytest.raises(TypeError, match=r"return_state must be True or False"):
+        run("cln", x_(), return_state=value)
+
+
 def test_eps_past_floats_range():
     with pytest.raises(ValueError, match=r"eps must be a finite number >= 0"):
         run("cln", x_(), eps=10**400)

@@ -1001,3 +1001,24 @@ def test_with_only_the_affine_to_train_the_state_out_is_constant(name, backend):
     xg = x.clone().requires_grad_()  # with x to train, the state is on its graph
     (gx,) = torch.autograd.grad(layer(xg, return_state=True)[1].m.sum(), xg)
     assert gx.abs().sum() > 0
+
+
+@pytest.mark.parametrize("strip", [False, True], ids=["lookback", "strip"])
+@pytest.mark.parametrize("name", ["cln", "ccln", "emaln", "ccemaln"])
+def test_a_heavy_incoming_state_gets_its_gradients(name, strip):
+    """A long stream's state (w_in up to 1e6 frames' worth) keeps the running means near its own, and
+    dL/dm_in is w_in times their small distance from it: with the means taken relative to frame 0's, their
+    float32 rounding times w_in put ccln's 2 % off (and ccemaln's sign wrong). The kernels shift by the state's
+    mean where it outweighs frame 0; a heavy state far from the data (offset 300) is checked too."""
+    B, C, T = 3, 6, 21
+    g = torch.Generator().manual_seed(11)
+    x = make_x(B, C, T, generator=g)
+    state = make_state(name, B, C, generator=g)
+    scale = torch.tensor([1e3, 1e6, 2.0], dtype=SD).view(-1, *([1] * (state.w.dim() - 1)))
+    far = torch.tensor([0.0, 0.0, 300.0], dtype=SD).view_as(scale)
+    state = normlib.NormState(state.w * scale, state.m + far, state.m2 * scale)
+    gy, gs = cotangents(name, x, B, C, True)
+    kw = dict(state=state, gy=gy, gs=gs, layout="b c t")
+    with tile_size(block_t=4, window=2, block_c=8, strip=strip, bwd_strip=strip):
+        got = gradients(name, x, **kw)
+    check_gradients(got, gradients(name, x, oracle=True, **kw), F32, name)

@@ -115,7 +115,8 @@ class _EagerNorm(torch.autograd.Function):
         ctx.set_materialize_grads(False)  # no zero-filled gradients of the state and prefixes to launch
         # the state out depends on x and the state in only: with just weight or bias to train, it is a
         # constant (as on the PyTorch backend), not a graph kept alive by a stream of chunks
-        ctx.mark_non_differentiable(out[2], *(() if ctx.needs_input_grad[0] or ctx.needs_input_grad[4] else out[1:2]))
+        const = out[2:] if ctx.needs_input_grad[0] or ctx.needs_input_grad[4] else out[1:]
+        ctx.mark_non_differentiable(*(t for t in const if t is not None))
         return out
 
     @staticmethod

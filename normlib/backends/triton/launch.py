@@ -354,17 +354,18 @@ def tiles_for(x, per_channel, decay=None) -> list[int]:
 def _tiles_for(x, per_channel, decay) -> list[int]:
     B, C, T = x.shape
     channels_last = x.stride(1) == 1 and x.stride(2) != 1
+    # dynamo traces through an lru_cache, warning of a risk: it gets the uncached function
+    sms = (_num_sms.__wrapped__ if torch.compiler.is_compiling() else _num_sms)(x.device)
     bc, bt, warps, strip, hold, bc_b, warps_b, hold_b, strip_b = choose_launch(
-        B, C, T, per_channel, channels_last, time_mode(decay), _num_sms(x.device), x.numel() * x.element_size(),
+        B, C, T, per_channel, channels_last, time_mode(decay), sms, x.numel() * x.element_size(),
         x.element_size())
     ncb = triton.cdiv(C, bc) if per_channel else 1
-    window = _OVERRIDE.get("window", window_for(per_channel, B * ncb, _num_sms(x.device)))
+    window = _OVERRIDE.get("window", window_for(per_channel, B * ncb, sms))
     row = SEG_PER_SM[int(per_channel) * (1 + int(channels_last))]  # int(): dynamo rejects a bool index
     if time_mode(decay) == EMA:  # see SEG_PER_SM
         row = (row[1], row[1])
     per_sm = (row[0] if strip == 2 else 4, row[1] if strip_b == 2 else 4)  # each pass's own: SEG or not
     nt = triton.cdiv(T, bt)
-    sms = _num_sms(x.device)
     span_f, span_b = (max(1, triton.cdiv(nt, max(1, k * sms // max(1, B * ncb)))) for k in per_sm)
     if strip == 2 and strip_b == 1:  # see strip_for: whole sequences
         span_f = span_b = max(1, nt)
