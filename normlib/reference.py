@@ -1,9 +1,9 @@
 """PyTorch references, one per norm, written as DESIGN.md section 1 reads. They are the test oracle.
 
-Inputs are (B, C, T) ("b c t"), or (B, T, C) with ``layout="b t c"``. Statistics are computed in float64 for float64 inputs (the oracle) and in
-float32 otherwise (the speed baseline of the benchmarks). Running sums are shifted by a constant K per
-sequence (and channel): the variance does not depend on K, and the shift keeps E[(x-K)^2] - (mu-K)^2 from
-cancelling catastrophically under a DC offset.
+Inputs are (B, C, T) ("b c t"), or (B, T, C) with ``layout="b t c"``. Statistics are computed in float64
+for float64 inputs (the oracle) and in float32 otherwise (the speed baseline of the benchmarks). Running
+sums are shifted by a constant K per sequence (and channel): the variance does not depend on K, and the
+shift keeps E[(x-K)^2] - (mu-K)^2 from cancelling catastrophically under a DC offset.
 """
 from __future__ import annotations
 
