@@ -59,8 +59,10 @@ def _check_options(spec: NormSpec, eps, eps_mode, decay, layout, backend):
     from .backends import NAMES
 
     if not isinstance(spec, NormSpec):
-        raise TypeError(f"spec must be a normlib.NormSpec (or the name of a norm registered with one), "
-                        f"got {spec!r}")
+        what = spec.__name__ if isinstance(spec, type) else type(spec).__name__ if isinstance(spec, torch.nn.Module) \
+            else repr(spec)
+        raise TypeError(f"spec must be a normlib.NormSpec, a layer class or the name of a norm registered with a "
+                        f"NormSpec (a layer: call it, or pass layer.spec), got {what}")
     layout = normalize_layout(layout)
     if backend not in NAMES:
         raise ValueError(f"backend must be one of {NAMES}, got {backend!r}")
@@ -130,7 +132,11 @@ def check_inputs(spec: NormSpec, x, weight, bias, eps, eps_mode, decay, lengths,
             torch._assert_async(((lengths >= 0) & (lengths <= T)).all(), "lengths must lie in [0, T]")
         lengths = lengths.to(torch.int64)
 
-    if return_state is not True and return_state is not False and return_state not in (0, 1):
+    try:  # a bool, or what reads as one (1, 0, numpy's and torch's one-value bools); None is False
+        bool_like = return_state is None or return_state is True or return_state is False or return_state in (0, 1)
+    except (ValueError, RuntimeError):  # an array of several values
+        bool_like = False
+    if not bool_like:
         raise TypeError(f"return_state must be True or False, got {return_state!r}")
     if (state is not None or return_state) and not spec.causal:
         raise ValueError(f"{spec.name!r} is not causal ({spec.time.value}): it takes no state and returns none")

@@ -17,7 +17,8 @@ def norm(spec: NormSpec, x: torch.Tensor, weight=None, bias=None, eps: float = 1
         from .registry import get
 
         spec = get(spec)
-    spec = getattr(spec, "spec", spec)  # a layer class or layer: its spec (check_inputs refuses the rest)
+    if isinstance(spec, type):  # a layer class: its spec (not a layer, whose own settings would be dropped)
+        spec = getattr(spec, "spec", spec)
     if num_channels is not None:
         num_channels = check_num_channels(num_channels)
     c = check_inputs(spec, x, weight, bias, eps, eps_mode, decay, lengths, state, return_state, layout,

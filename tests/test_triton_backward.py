@@ -992,8 +992,9 @@ def test_with_only_the_affine_to_train_the_state_out_is_constant(name, backend):
     and a state made to require grad from it got no gradient)."""
     layer = normlib.create(name, 4, backend=backend)
     x = make_x(2, 4, 9)
-    _, s = layer(x, return_state=True)
-    assert not any(t.requires_grad or t.grad_fn is not None for t in s)
+    for call in (layer, torch.compile(layer, fullgraph=True, backend="aot_eager")):  # the op's autograd too
+        _, s = call(x, return_state=True)
+        assert not any(t.requires_grad or t.grad_fn is not None for t in s)
     m = s.m.clone().requires_grad_()
     y, s2 = layer(x, state=normlib.NormState(s.w, m, s.m2), return_state=True)
     (gm,) = torch.autograd.grad(y.square().sum() + s2.m2.sum(), m)
@@ -1009,16 +1010,40 @@ def test_a_heavy_incoming_state_gets_its_gradients(name, strip):
     """A long stream's state (w_in up to 1e6 frames' worth) keeps the running means near its own, and
     dL/dm_in is w_in times their small distance from it: with the means taken relative to frame 0's, their
     float32 rounding times w_in put ccln's 2 % off (and ccemaln's sign wrong). The kernels shift by the state's
-    mean where it outweighs frame 0; a heavy state far from the data (offset 300) is checked too."""
+    mean where it outweighs the sequence to its end. Rows: heavy; heavy and 300 away from the data; light and
+    300 away (frame 0's shift)."""
     B, C, T = 3, 6, 21
     g = torch.Generator().manual_seed(11)
     x = make_x(B, C, T, generator=g)
     state = make_state(name, B, C, generator=g)
     scale = torch.tensor([1e3, 1e6, 2.0], dtype=SD).view(-1, *([1] * (state.w.dim() - 1)))
-    far = torch.tensor([0.0, 0.0, 300.0], dtype=SD).view_as(scale)
+    far = torch.tensor([0.0, 300.0, 300.0], dtype=SD).view_as(scale)
     state = normlib.NormState(state.w * scale, state.m + far, state.m2 * scale)
     gy, gs = cotangents(name, x, B, C, True)
     kw = dict(state=state, gy=gy, gs=gs, layout="b c t")
     with tile_size(block_t=4, window=2, block_c=8, strip=strip, bwd_strip=strip):
         got = gradients(name, x, **kw)
     check_gradients(got, gradients(name, x, oracle=True, **kw), F32, name)
+
+
+@pytest.mark.parametrize("name", ["emaln", "ccemaln"])
+def test_a_heavy_state_that_fades_keeps_frame_0s_shift(name):
+    """An EMA state heavy at the start fades over a sequence much longer than 1/(1 - d): the means go to the
+    data, 1e4 away from the state. Shifted by the state's mean, x - K carried that distance and y was 1e-5
+    off (2.6e-4 on the later frames); the kernels keep frame 0's shift unless the state still outweighs the
+    frames at the sequence's last frame."""
+    B, C, T, decay = 2, 4, 64, 0.9
+    g = torch.Generator().manual_seed(5)
+    x = make_x(B, C, T, generator=g, offset=1e4)
+    n0 = 1 if SPECS[name].per_channel else C
+    shape = state_shape(name, B, C)
+    w_in = torch.full(shape, 1.1 * n0 / (1 - decay) / decay, dtype=SD)  # outweighs frame 0 ... for a while
+    state = normlib.NormState(w_in, torch.zeros(shape, dtype=SD), w_in.clone())
+    gy, gs = cotangents(name, x, B, C, True)
+    kw = dict(state=state, gy=gy, gs=gs, decay=decay)
+    with tile_size(block_t=8, window=2, block_c=8):
+        y = getattr(normlib.functional, name)(dev(x), state=normlib.NormState(*map(dev, state)), decay=decay,
+                                               backend="triton")
+        got = gradients(name, x, requires=("x", "state"), **kw)
+    assert_rel(y, ref(name, x, state=state, decay=decay), TOL[F32], name)
+    check_gradients(got, gradients(name, x, requires=("x", "state"), oracle=True, **kw), F32, name)

@@ -78,6 +78,10 @@ def _setup(ctx, inputs, output):
     ctx.opts = dict(per_channel=per_channel, decay=decay, eps=eps, eps_outside=eps_outside, tiles=tiles)
     ctx.has_bias = bias is not None
     ctx.return_state = return_state
+    # the state out depends on x and the state in only: with just weight or bias to train, it is a
+    # constant (as on the PyTorch backend), not a graph kept alive by a stream of chunks
+    const = output[2:] if ctx.needs_input_grad[0] or ctx.needs_input_grad[4] else output[1:]
+    ctx.mark_non_differentiable(*(t for t in const if t is not None))
 
 
 def _grads(bwd, ctx, gy, gsout):
@@ -113,10 +117,6 @@ class _EagerNorm(torch.autograd.Function):
                              eps_outside=eps_outside, return_state=return_state, save=save, tiles=tiles)
         _setup(ctx, inputs, out)
         ctx.set_materialize_grads(False)  # no zero-filled gradients of the state and prefixes to launch
-        # the state out depends on x and the state in only: with just weight or bias to train, it is a
-        # constant (as on the PyTorch backend), not a graph kept alive by a stream of chunks
-        const = out[2:] if ctx.needs_input_grad[0] or ctx.needs_input_grad[4] else out[1:]
-        ctx.mark_non_differentiable(*(t for t in const if t is not None))
         return out
 
     @staticmethod

@@ -24,7 +24,8 @@ reader tells a word written by this launch from a stale one without a fence or a
 epoch comes from the ticket counter itself (epoch << 32 | ticket), which the last ticket advances.
 
 Statistics are float32 Chan merges of x - K, K a per-sequence (per-channel) shift: frame 0's mean (or
-value); an incoming float64 state is shifted by K in float64. FRAME shifts each frame by its own channel 0
+value), or an incoming state's mean where the state outweighs the sequence (_shift); an incoming float64
+state is shifted by K in float64. FRAME shifts each frame by its own channel 0
 instead, so a frame far from frame 0 loses no digits of its small spread. GLOBAL runs the same tile code in two launches (PHASE 1: per-span summaries;
 PHASE 2: reduce them and finish). STRIP walks a whole sequence in one program and carries the prefix; SEG
 walks it in NSPAN segments, one program each, after a PHASE 1 launch has summed every segment, so no
@@ -306,11 +307,13 @@ def _state_index(b64, offs_c, m_c, B, C, POOL_ALL: tl.constexpr, SC: tl.constexp
 def _shift(x_ptr, b64, sxb, sxc, offs_c, C, length, sin_ptr, s_off, s_ok, NS, log2d, BLOCK_C: tl.constexpr,
            POOL_ALL: tl.constexpr, MODE: tl.constexpr, HAS_SIN: tl.constexpr):
     """K, [SC, 1]: frame 0's mean (pooled) or value (per channel), 0 if frame 0 is padding (and in FRAME,
-    which shifts frame by frame: _frame_shift); or the incoming state's mean where the state outweighs the
-    sequence's frames (as far as an EMA can weigh them). States are shifted by it in float64. A heavy state
-    holds the running means near its own, and the backward's dL/dm_in is w_in times their small distance from
-    it: taken from means relative to frame 0's, whose float32 rounding w_in multiplied, ccln's was 2 % off at
-    w_in = 2e6. (A lighter state stays with frame 0's: one 300 away from the data cost y 3x its error.)"""
+    which shifts frame by frame: _frame_shift); or the incoming state's mean where the state still outweighs
+    the sequence's frames at its last frame (decayed, in EMA, as they are). States are shifted by it in
+    float64. A heavy state holds the running means near its own, and the backward's dL/dm_in is w_in times
+    their small distance from it: taken from means relative to frame 0's, whose float32 rounding w_in
+    multiplied, ccln's was 2 % off at w_in = 2e6. Where the state fades or is light, the means go to the data,
+    and x - K would carry the state's distance from it: frame 0's shift stays (a heavy EMA state that faded
+    over 128 frames, 1e4 from the data, put y 1e-5 off; one 300 away and light, 3x its error)."""
     if POOL_ALL:  # 4 chunks of channels per load, as one wait; a scalar sum, whose layout nothing follows
         ks = tl.zeros([], tl.float32)
         for c0 in range(0, C if MODE != 0 else 0, 4 * BLOCK_C):
@@ -324,14 +327,16 @@ def _shift(x_ptr, b64, sxb, sxc, offs_c, C, length, sin_ptr, s_off, s_ok, NS, lo
         ok = (offs_c < C) & (tl.zeros_like(offs_c) < length)
         K = tl.load(x_ptr + b64 * sxb + offs_c.to(tl.int64) * sxc, mask=ok, other=0.0).to(tl.float32)[:, None]
     if HAS_SIN and MODE != 0:
-        d = tl.exp2(log2d)
-        w_in = tl.load(sin_ptr + s_off, mask=s_ok, other=0.0).to(tl.float32) * d
+        # at frame length - 1 the state weighs w_in d^length, the frames n0 (1 - d^length) / (1 - d)
+        d_all = tl.exp2(log2d * length)
+        w_end = tl.load(sin_ptr + s_off, mask=s_ok, other=0.0).to(tl.float32) * d_all
         m_in = tl.load(sin_ptr + NS + s_off, mask=s_ok, other=0.0).to(tl.float32)
         frames = length * 1.0
         if MODE == 2:
-            frames = tl.minimum(frames, 1.0 / tl.maximum(1.0 - d, 1e-30))
+            one_d = 1.0 - tl.exp2(log2d)
+            frames = tl.where(one_d > 0, (1.0 - d_all) / tl.maximum(one_d, 1e-30), frames)
         n0 = C * 1.0 if POOL_ALL else 1.0  # a frame's weight
-        K = tl.where((w_in >= n0 * frames)[:, None], m_in[:, None], K)
+        K = tl.where((w_end >= n0 * frames)[:, None], m_in[:, None], K)
     return K
 
 
