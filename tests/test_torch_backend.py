@@ -599,3 +599,18 @@ def test_empty_time_keeps_y_on_the_graph(name):
     for backend_y in both:
         gw, gb = torch.autograd.grad(backend_y.sum(), (w, b))
         assert torch.equal(gw, torch.zeros(4)) and torch.equal(gb, torch.zeros(4))
+
+
+@pytest.mark.parametrize("name, decay", [("frameln", None), ("emaln", 0.0)], ids=["frameln", "emaln-decay0"])
+def test_a_frame_norm_gives_its_unread_state_zero_gradients(name, decay):
+    """FRAME reads no incoming statistics: their gradients are zeros, not None, on both backends and in the
+    reference (once the PyTorch backend gave None), and a NaN in them stays out of y."""
+    x = make_x(2, 4, 9, "b c t", F32)
+    for backend in ("torch", "triton") if normlib.backends.triton_usable(x) else ("torch",):
+        m = torch.tensor([0.5, float("nan")], dtype=F64, requires_grad=True)
+        m2 = torch.tensor([2.0, 3.0], dtype=F64, requires_grad=True)
+        state = normlib.NormState(torch.tensor([5.0, 1.0], dtype=F64), m, m2)
+        y = run(name, x, state=state, decay=decay, backend=backend)
+        assert torch.isfinite(y).all(), backend
+        gm, gm2 = torch.autograd.grad((y * torch.randn_like(y)).sum(), (m, m2))
+        assert torch.equal(gm, torch.zeros(2, dtype=F64)) and torch.equal(gm2, torch.zeros(2, dtype=F64)), backend

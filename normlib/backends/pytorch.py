@@ -33,6 +33,16 @@ def _live_var(var, valid, w=None):
     return torch.where(valid if w is None else valid & (w > 1), var, 1)
 
 
+def _unused(y, *tensors):
+    """y, also on the graph of ``tensors`` that nothing in it reads: their gradients are zeros, not None, as
+    on the Triton backend (DDP takes a None for an unused parameter). ``where`` keeps a NaN in them out of y."""
+    no = torch.zeros((), dtype=torch.bool, device=y.device)
+    for t in tensors:
+        if t is not None and t.requires_grad:
+            y = y + torch.where(no, t.sum(), 0).to(y.dtype)
+    return y
+
+
 def running_scan(s: NormState, decay: float) -> NormState:
     """Inclusive scan over the last dim: entry t becomes the merge of frames 0..t."""
     T, k = s.w.shape[-1], 1
@@ -51,10 +61,7 @@ def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mod
         state = NormState(state.w.detach(), state.m, state.m2)
     if T == 0 or C == 0:  # no frame or no channel: nothing to normalize, no value seen; the state passes through
         empty = NormState.empty((B, C) if per_channel else (B,), device=x.device)
-        y = x.clone()  # on x's graph, and on the affine parameters' (zero gradients, as on the Triton backend)
-        for p in (weight, bias):
-            if p is not None:
-                y = y + (p.sum() * 0).to(y.dtype)
+        y = _unused(x.clone(), weight, bias)  # on x's graph, and on the affine parameters'
         return y, (state if state is not None else empty) if return_state else None
     sd = torch.float64 if x.dtype == torch.float64 else torch.float32
     valid = torch.ones(B, 1, T, dtype=torch.bool, device=x.device)
@@ -92,6 +99,8 @@ def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mod
     expand = (lambda t: t) if per_channel else (lambda t: t[:, None])
     mu, var = expand(s.m), _live_var(expand(s.var), valid, expand(s.w))
     y = torch.where(valid, normalize(xs, mu, var, weight, bias, eps, eps_mode), 0).to(x.dtype)
+    if decay == 0 and state is not None:  # FRAME reads no state: zero gradients into its statistics
+        y = _unused(y, state.m, state.m2)
     if not return_state:
         return y, None
 
