@@ -104,11 +104,13 @@ def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mod
     if not return_state:
         return y, None
 
-    # the state after frame lengths[b] - 1, in float64 with the shift added back
+    # the state after frame lengths[b] - 1, in float64 with the shift added back. Picked by a mask, not a
+    # gather: inductor (torch 2.13, CPU) fused gather's backward (a scatter) wrongly with the scan's, and
+    # gave cln's state and x gradients 80 % off under torch.compile
     last = torch.full((B,), T, device=x.device) if lengths is None else lengths
-    idx = (last - 1).clamp_min(0).view((B,) + (1,) * (s.w.dim() - 1)).expand(s.w.shape[:-1] + (1,))
+    at = torch.arange(T, device=x.device) == (last - 1).clamp_min(0).view((B,) + (1,) * (s.w.dim() - 1))
     Ks = (K if per_channel else K[:, 0]).expand(s.m.shape)
-    w, m, m2, k = (t.gather(-1, idx)[..., 0].double() for t in (*s, Ks))
+    w, m, m2, k = (torch.where(at, t, 0).sum(-1).double() for t in (*s, Ks))
     out = NormState(w, m + k, m2)
     if state is None:
         return y, out
