@@ -28,13 +28,13 @@ def register(name: str, target=None, *, aliases=(), description: str | None = No
     alias_keys = [normalize_name(a) for a in aliases]
     if not key or not all(alias_keys):
         raise ValueError(f"a norm's name and aliases need a letter or digit, got {name!r} and aliases {aliases!r}")
+    # an alias that is another norm's name would leave that norm listed under a name that no longer reaches it
+    named = [a for a in alias_keys if a in _LAYERS and a != key]
+    if named:  # even with overwrite=True, so said first
+        raise ValueError(f"alias(es) {named} are registered norm names; register the norm under that name instead")
     taken = [k for k in (key, *alias_keys) if k in _LAYERS or k in _ALIASES]
     if taken and not overwrite:
         raise ValueError(f"norm name(s) {taken} already registered; pass overwrite=True to replace")
-    # an alias that is another norm's name would leave that norm listed under a name that no longer reaches it
-    named = [a for a in alias_keys if a in _LAYERS and a != key]
-    if named:  # even with overwrite=True
-        raise ValueError(f"alias(es) {named} are registered norm names; register the norm under that name instead")
     if isinstance(target, NormSpec):
         cls, description = layer_class(target), description or target.description
     elif isinstance(target, type) and issubclass(target, nn.Module):

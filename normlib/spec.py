@@ -59,6 +59,11 @@ class NormSpec:
                                  f"{[m.value for m in kind]}, got {value!r}") from None
         if not isinstance(self.name, str) or not any(ch.isalnum() for ch in self.name):
             raise ValueError(f"NormSpec name must be a string with a letter or digit, got {self.name!r}")
+        if not isinstance(self.class_name, str) or not self.class_name.isidentifier():
+            raise ValueError(f"norm {self.name!r}: class_name must be a Python identifier (the layer class's "
+                             f"name), got {self.class_name!r}")
+        if not isinstance(self.description, str):
+            raise TypeError(f"norm {self.name!r}: description must be a string, got {type(self.description).__name__}")
         if self.pool is Pool.CHANNEL and self.time is TimeMode.FRAME:
             raise ValueError(
                 f"norm {self.name!r}: per-channel statistics of a single frame have zero variance; "

@@ -175,7 +175,7 @@ def test_register_duplicates(uname):
             normlib.register(taken, spec)
     with pytest.raises(ValueError, match=r"already registered"):
         normlib.register(uname, spec, aliases=("chanln",))  # an alias that is taken
-    with pytest.raises(ValueError, match=r"already registered"):
+    with pytest.raises(ValueError, match=r"are registered norm names"):
         normlib.register(uname, spec, aliases=("gln",))  # an alias that is a name
     assert normlib.get("cln") is normlib.CumulativeLayerNorm  # nothing was replaced
     assert normlib.get("chanln") is normlib.FrameLayerNorm
@@ -257,7 +257,17 @@ def test_an_alias_may_not_be_another_norms_name(uname):
     spec = NormSpec(uname, Pool.ALL, TimeMode.EMA, "MyLN", "desc", decay=0.5)
     with pytest.raises(ValueError, match=r"\['gln'\] are registered norm names"):
         normlib.register(uname, spec, aliases=("GLN",), overwrite=True)
+    with pytest.raises(ValueError, match=r"\['gln'\] are registered norm names"):  # said first, not "overwrite"
+        normlib.register(uname, spec, aliases=("GLN",))
     assert normlib.get("gln") is normlib.GlobalLayerNorm and uname not in normlib.available()
+
+
+@pytest.mark.parametrize("class_name", [3, "my norm!", "", None])
+def test_spec_class_name_is_an_identifier(class_name):
+    with pytest.raises(ValueError, match=r"class_name must be a Python identifier"):
+        NormSpec("x", Pool.ALL, TimeMode.CUMULATIVE, class_name, "desc")
+    with pytest.raises(TypeError, match=r"description must be a string"):
+        NormSpec("x", Pool.ALL, TimeMode.CUMULATIVE, "MyLN", 4)
 
 
 def test_the_base_class_is_no_layer():
