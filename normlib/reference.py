@@ -40,6 +40,12 @@ def normalize(x, mu, var, weight, bias, eps, eps_mode):
     return y
 
 
+def _one_value(var, w):
+    """var, but 1 where the statistic holds at most one value (weight w <= 1): that value is its own mean and
+    normalizes to 0 whatever the variance, so y is beta there even with eps = 0 (0 / 0 otherwise)."""
+    return torch.where(w > 1, var, 1)
+
+
 def _valid(x, lengths):
     B, _, T = x.shape
     if lengths is None:
@@ -76,7 +82,7 @@ def running_norm(x, weight=None, bias=None, eps=1e-8, *, per_channel, decay, eps
         empty = NormState.empty((B, C) if per_channel else (B,), device=x.device)
         return (x.to(y_dtype), state if state is not None else empty) if return_state else x.to(y_dtype)
     valid = _valid(x, lengths)
-    n = 1 if per_channel else C  # channels per frame statistic
+    n = 1 if per_channel else max(C, 1)  # channels per frame statistic (C = 0: no value, K = 0)
     group = (lambda v: v) if per_channel else (lambda v: v.sum(1, keepdim=True))
 
     x = torch.where(valid, x, 0)  # padding is never read, not even as NaN
@@ -95,7 +101,7 @@ def running_norm(x, weight=None, bias=None, eps=1e-8, *, per_channel, decay, eps
     W = torch.where(S0 > 0, S0, 1)
     mu = K + S1 / W
     var = (S2 / W - (S1 / W) ** 2).clamp_min(0)
-    y = torch.where(valid, normalize(x, mu, var, weight, bias, eps, eps_mode), 0).to(y_dtype)
+    y = torch.where(valid, normalize(x, mu, _one_value(var, S0), weight, bias, eps, eps_mode), 0).to(y_dtype)
     if not return_state:
         return y
 
@@ -121,10 +127,9 @@ def global_norm(x, weight=None, bias=None, eps=1e-8, *, per_channel, eps_mode="i
     x = torch.where(valid, x.to(sd), 0)
     dims = (2,) if per_channel else (1, 2)
     count = valid.to(sd).expand_as(x).sum(dims, keepdim=True)
-    count = torch.where(count > 0, count, 1)
-    mu = torch.where(valid, x, 0).sum(dims, keepdim=True) / count
-    var = torch.where(valid, (x - mu) ** 2, 0).sum(dims, keepdim=True) / count
-    return torch.where(valid, normalize(x, mu, var, weight, bias, eps, eps_mode), 0).to(y_dtype)
+    mu = torch.where(valid, x, 0).sum(dims, keepdim=True) / count.clamp_min(1)
+    var = torch.where(valid, (x - mu) ** 2, 0).sum(dims, keepdim=True) / count.clamp_min(1)
+    return torch.where(valid, normalize(x, mu, _one_value(var, count), weight, bias, eps, eps_mode), 0).to(y_dtype)
 
 
 def cln(x, weight=None, bias=None, eps=1e-8, **kw):

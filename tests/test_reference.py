@@ -277,3 +277,25 @@ def test_reference_dc_offset_float64():
         y0 = getattr(R, name)(x)
         y1 = getattr(R, name)(x + 1e4)
         torch.testing.assert_close(y1, y0, rtol=1e-8, atol=1e-8, msg=name)
+
+
+@pytest.mark.parametrize("eps_mode", ["inside", "outside"])
+@pytest.mark.parametrize("name", NORMS)
+def test_a_lone_value_is_beta_at_eps_0(name, eps_mode):
+    """A statistic of one value (per channel at frame 0, one valid frame, one channel) normalizes to 0, so y
+    is beta there even with eps = 0, as the norms' pages say and both backends give (the reference gave
+    0 / 0); and C = 0 returns the empty state, not a NaN mean."""
+    C = 3 if SPECS[name].per_channel else 1
+    x = make_x(2, C, 6, "b c t", F64)
+    bias = torch.linspace(-1, 1, C, dtype=F64)
+    lengths = torch.tensor([6, 1])
+    y = getattr(R, name)(x, None, bias, 0.0, eps_mode=eps_mode, lengths=lengths)
+    assert torch.isfinite(y).all()
+    assert torch.equal(y[1, :, 0], bias)  # one valid frame: each statistic of sequence 1 holds one value
+    for backend in ("torch",):
+        got = getattr(normlib.functional, name)(x, None, bias, 0.0, eps_mode=eps_mode, lengths=lengths,
+                                               backend=backend)
+        assert torch.equal(got[1, :, 0], bias)
+    if SPECS[name].causal and not SPECS[name].per_channel:
+        _, s = getattr(R, name)(torch.zeros(2, 0, 5, dtype=F64), return_state=True)
+        assert all(torch.equal(t, torch.zeros(2, dtype=F64)) for t in s)
