@@ -152,4 +152,17 @@ def check_inputs(spec: NormSpec, x, weight, bias, eps, eps_mode, decay, lengths,
                 raise TypeError(f"state.{field} must be {STATE_DTYPE}, got {t.dtype}")
             if t.device != x.device:
                 raise ValueError(f"state.{field} is on {t.device} but x is on {x.device}")
+        _check_state_values(state)
     return Checked(xv, lengths, decay, layout)
+
+
+def _check_state_values(state: NormState):
+    """A weight and a sum of squared deviations are >= 0 (a NaN passes, as in x). Checked where it costs no
+    host sync: on CPU tensors, and in a compiled graph (an assert in the graph); not in an eager CUDA call."""
+    if torch.compiler.is_compiling():
+        torch._assert_async(~((state.w < 0) | (state.m2 < 0)).any(), "state.w and state.m2 must be >= 0")
+    elif state.w.device.type == "cpu":
+        for field, what in (("w", "a weight"), ("m2", "a sum of squared deviations")):
+            t = getattr(state, field)
+            if t.numel() and bool((t < 0).any()):
+                raise ValueError(f"state.{field} must be >= 0 ({what}), got a minimum of {t.min().item():.6g}")

@@ -227,6 +227,23 @@ def test_state_wrong_device(name):
 
 
 @pytest.mark.parametrize("name", CAUSAL)
+def test_state_negative_weight_or_m2(name):
+    """A negative weight or M2 is no state: refused, naming the field (the backends made NaN of one, or
+    finite garbage); zeros (the empty state) and a NaN (as in x) pass."""
+    B, C = 2, 4
+    good = make_state(name, B, C)
+    for field in ("w", "m2"):
+        bad = good._replace(**{field: getattr(good, field).clone().index_fill_(0, torch.tensor([1]), -0.5)})
+        with pytest.raises(ValueError, match=rf"state\.{field} must be >= 0 .*minimum of -0.5"):
+            run(name, x_(B, C), state=bad)
+    run(name, x_(B, C), state=normlib.NormState.empty(good.shape))
+    run(name, x_(B, C), state=good._replace(m2=torch.full(good.shape, float("nan"), dtype=torch.float64)))
+    f = torch.compile(lambda x, s: run(name, x, state=s), backend="aot_eager", fullgraph=True)
+    with pytest.raises(RuntimeError, match=r"state.w and state.m2 must be >= 0"):  # in the graph: no host sync
+        f(x_(B, C), good._replace(w=-good.w))
+
+
+@pytest.mark.parametrize("name", CAUSAL)
 def test_state_not_a_normstate(name):
     good = make_state(name, 2, 4)
     with pytest.raises(TypeError, match=r"state must be a normlib.NormState"):
