@@ -1096,12 +1096,9 @@ def running_norm_bwd(
             gso_q = tl.load(gsout_ptr + 2 * NS + s_off, mask=s_ok, other=0.0).to(tl.float32)[:, None]
             P += tl.where(at, gso_m * rW, 0.0)
             R += tl.where(at, 2.0 * gso_q, 0.0)
-        if HAS_SIN:  # dL/dw_in needs sum_t d^t Z_t
-            pm_in = _state_mean(sin_ptr, s_off, s_ok, NS, K)[:, None]
-            dm_in = pm_in - mean
-            Z = P * dm_in + 0.5 * R * dm_in * dm_in - dvar * rW * var
-            if HAS_GSOUT:
-                Z += tl.where(at, tl.load(gsout_ptr + s_off, mask=s_ok, other=0.0).to(tl.float32)[:, None], 0.0)
+        if HAS_SIN:  # dL/dm_in = w_in d sum_t d^t Z_t: U + m_in V, but without U's terms R mean, which
+            # cancel against m_in V when the means stay near m_in far from K (a fading EMA state)
+            Z = P + R * (_state_mean(sin_ptr, s_off, s_ok, NS, K)[:, None] - mean)
         valid_t = m_t[None, :]
         U = tl.where(valid_t, P - R * mean, 0.0)
         V = tl.where(valid_t, R, 0.0)
@@ -1146,11 +1143,9 @@ def running_norm_bwd(
             if HAS_SIN and (MODE == 1 or MODE == 2):  # the incoming state is frame -1 of weight d^(t+1)
                 if it == 0:
                     is_first = (tl.arange(0, BLOCK_T) == 0)[None, :]
-                    u0, v0, z0 = _pick(U, is_first), _pick(V, is_first), _pick(Z, is_first)
+                    v0, z0 = _pick(V, is_first), _pick(Z, is_first)
                     w_in = tl.load(sin_ptr + s_off, mask=s_ok, other=0.0).to(tl.float32)
-                    pm0 = tl.sum(pm_in, axis=1)
-                    tl.store(gsin_ptr + s_off, (d1 * z0).to(tl.float64), mask=s_ok)
-                    tl.store(gsin_ptr + NS + s_off, (w_in * d1 * (u0 + pm0 * v0)).to(tl.float64), mask=s_ok)
+                    tl.store(gsin_ptr + NS + s_off, (w_in * d1 * z0).to(tl.float64), mask=s_ok)
                     tl.store(gsin_ptr + 2 * NS + s_off, (0.5 * d1 * v0).to(tl.float64), mask=s_ok)
 
     if SUMS:
