@@ -894,7 +894,8 @@ def running_norm_fwd(
                 tl.store(sout_ptr + s_off, _pick(sw, at).to(tl.float64), mask=s_ok)
                 ks = _pick(Kt + tl.zeros([SC, BLOCK_T], tl.float32), at)
                 tl.store(sout_ptr + NS + s_off, _pick(sm, at).to(tl.float64) + ks.to(tl.float64), mask=s_ok)
-                tl.store(sout_ptr + 2 * NS + s_off, _pick(sq, at).to(tl.float64), mask=s_ok)
+                # M2 = Q - S mu may round below 0: the next call refuses a negative state.m2
+                tl.store(sout_ptr + 2 * NS + s_off, tl.maximum(_pick(sq, at), 0.0).to(tl.float64), mask=s_ok)
 
 
 @triton.jit
