@@ -20,8 +20,8 @@ import torch
 import normlib
 from normlib import backends
 from normlib.backends.triton import launch, tile_size
-from conftest import (padding_mask, NORMS, SPECS, TOL, assert_rel, make_affine, make_lengths, make_state, make_x, ref,
-                      state_shape)
+from conftest import (padding_mask, NORMS, SPECS, TOL, assert_rel, assert_state_close, make_affine, make_lengths,
+                      make_state, make_x, ref, state_shape)
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 F32, F16 = torch.float32, torch.float16
@@ -1024,6 +1024,29 @@ def test_a_heavy_incoming_state_gets_its_gradients(name, strip):
     with tile_size(block_t=4, window=2, block_c=8, strip=strip, bwd_strip=strip):
         got = gradients(name, x, **kw)
     check_gradients(got, gradients(name, x, oracle=True, **kw), F32, name)
+
+
+@pytest.mark.parametrize("strip", [0, 1, 2, None], ids=["lookback", "strip", "seg", "default"])
+def test_a_light_incoming_state_far_from_the_data(strip):
+    """ccln's walks and backward tiles shift their float32 sums by the prefix's mean, and the first tile's
+    prefix is the incoming state: a light one 1e3 from the data cost up to 17 bits of S2 - S1^2 / W (w_in =
+    1e-3: y, dx and dL/dm_in 1e-2 off; w_in = 0.5: 3e-5). Rows: w_in 1e-3, 0.5 and 40 (outweighs a tile)."""
+    B, C, T = 3, 5, 32 if strip is not None else 200  # default tiles: longer than 16 frames
+    g = torch.Generator().manual_seed(4)
+    x = make_x(B, C, T, generator=g)
+    w_in = torch.tensor([1e-3, 0.5, 40.0], dtype=SD)[:, None].expand(B, C).clone()
+    state = normlib.NormState(w_in, 1e3 + torch.randn(B, C, generator=g, dtype=SD), w_in * 2)
+    gy, gs = cotangents("ccln", x, B, C, True)
+    kw = dict(state=state, gy=gy, gs=gs)
+    forced = dict(block_t=16, window=2, block_c=4, strip=strip, bwd_strip=strip, span=1)
+    with tile_size(**(forced if strip is not None else {})):
+        y, s = normlib.functional.ccln(dev(x), state=normlib.NormState(*map(dev, state)), return_state=True,
+                                       backend="triton")
+        got = gradients("ccln", x, requires=("x", "state"), **kw)
+    y_ref, s_ref = ref("ccln", x, state=state, return_state=True)
+    assert_rel(y, y_ref, TOL[F32], "y")
+    assert_state_close(s, s_ref, TOL[F32])
+    check_gradients(got, gradients("ccln", x, requires=("x", "state"), oracle=True, **kw), F32, "ccln")
 
 
 @pytest.mark.parametrize("name", ["emaln", "ccemaln"])
