@@ -1026,6 +1026,19 @@ def test_a_heavy_incoming_state_gets_its_gradients(name, strip):
     check_gradients(got, gradients(name, x, oracle=True, **kw), F32, name)
 
 
+@pytest.mark.parametrize("name", ["cln", "emaln", "gln"])
+def test_a_backward_that_chunks_channels_otherwise_keeps_the_forwards_shift(name):
+    """The backward recomputes the shift K (frame 0's mean) in its own chunks of channels; summed in float32,
+    its rounding changed with BLOCK_C, and under a DC offset of 1e5 dx was 4e-4 off when the two differed."""
+    B, C, T = 2, 40, 24
+    x = make_x(B, C, T, generator=torch.Generator().manual_seed(0), offset=1e5)
+    gy, _ = cotangents(name, x, B, C, False)
+    want = gradients(name, x, gy=gy, requires=("x",), oracle=True)
+    for bc, bwd_bc in ((4, 32), (32, 4)):
+        with tile_size(block_t=8, window=2, block_c=bc, bwd_block_c=bwd_bc):
+            check_gradients(gradients(name, x, gy=gy, requires=("x",)), want, F32, f"{name} {bc}/{bwd_bc}")
+
+
 @pytest.mark.parametrize("strip", [0, 1, 2, None], ids=["lookback", "strip", "seg", "default"])
 def test_a_light_incoming_state_far_from_the_data(strip):
     """ccln's walks and backward tiles shift their float32 sums by the prefix's mean, and the first tile's

@@ -314,13 +314,15 @@ def _shift(x_ptr, b64, sxb, sxc, offs_c, C, length, sin_ptr, s_off, s_ok, NS, lo
     multiplied, ccln's was 2 % off at w_in = 2e6. Where the state fades or is light, the means go to the data,
     and x - K would carry the state's distance from it: frame 0's shift stays (a heavy EMA state that faded
     over 128 frames, 1e4 from the data, put y 1e-5 off; one 300 away and light, 3x its error)."""
-    if POOL_ALL:  # 4 chunks of channels per load, as one wait; a scalar sum, whose layout nothing follows
-        ks = tl.zeros([], tl.float32)
+    if POOL_ALL:  # 4 chunks of channels per load, as one wait; a scalar sum, whose layout nothing follows.
+        # In float64, where it is exact (C float32 values of like size) in any order: the backward recomputes
+        # K in its own chunks, and a float32 sum's rounding differed with BLOCK_C (dx 4e-4 off at DC 1e5)
+        ks = tl.zeros([], tl.float64)
         for c0 in range(0, C if MODE != 0 else 0, 4 * BLOCK_C):
             cc = offs_c[:, None] + c0 + BLOCK_C * tl.arange(0, 4)[None, :]
             ok = (cc < C) & (tl.zeros([1, 1], tl.int32) < length)
-            ks += tl.sum(tl.load(x_ptr + b64 * sxb + cc.to(tl.int64) * sxc, mask=ok, other=0.0).to(tl.float32))
-        K = tl.zeros([1, 1], tl.float32) + ks / C
+            ks += tl.sum(tl.load(x_ptr + b64 * sxb + cc.to(tl.int64) * sxc, mask=ok, other=0.0).to(tl.float64))
+        K = tl.zeros([1, 1], tl.float32) + (ks / C).to(tl.float32)
     elif MODE == 0:
         K = tl.zeros([BLOCK_C, 1], tl.float32)
     else:

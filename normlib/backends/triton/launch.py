@@ -229,7 +229,8 @@ def _forced_walk(mode, forced) -> int:
 def choose_launch(B, C, T, per_channel, channels_last, mode, num_sms, nbytes, elem_size=4):
     """(BLOCK_C, BLOCK_T, num_warps, strip, hold, backward BLOCK_C, backward num_warps, backward hold,
     backward strip) for a (B, C, T) input. The backward may chunk a pooled tile's channels differently and run on other
-    warps: it reads only the tiles' prefixes, which do not depend on them (per-channel tiles keep one BLOCK_C). FRAME's pooled
+    warps: it reads only the tiles' prefixes, which do not depend on them, and recomputes the shift K, which
+    _shift sums exactly in float64 (per-channel tiles keep one BLOCK_C). FRAME's pooled
     "b c t" forward takes 8192 values a tile ([256, 32] in fp32: frameln (16, 512, 16000) 0.72 -> 0.80 of a
     copy on the H200); its backward keeps [128, 32] (0.64 there, and 0.66 at [256, 32]: within the
     backward's run-to-run spread). A pooled strip walk
