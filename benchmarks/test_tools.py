@@ -45,9 +45,9 @@ def test_ab_runs_each_variant_in_its_own_process_and_compares_bits():
         other = os.path.join(tmp, "other.py")
         text = open(src).read()
         open(same, "w").write(text)
-        open(other, "w").write(text.replace("tl.zeros([1, 1], tl.float32) + ks / C",
-                                            "tl.zeros([1, 1], tl.float32) + ks / C + 0.5"))
-        assert text.count("ks / C") == 1
+        shift = "(ks / C).to(tl.float32)"  # _shift's pooled K: the altered file shifts by K + 0.5
+        assert text.count(shift) == 1, "_shift's form changed: alter the kernels file another way"
+        open(other, "w").write(text.replace(shift, "(ks / C + 0.5).to(tl.float32)"))
         out = subprocess.run([sys.executable, os.path.join(here, "ab.py"), "--dry", "--procs", "1", "--kernels", same,
                               "--kernels", other, "cln:2,5,9:fp32:bct"], env=dict(os.environ, TRITON_INTERPRET="1"),
                              capture_output=True, text=True, check=True).stdout
