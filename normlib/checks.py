@@ -157,11 +157,14 @@ def check_inputs(spec: NormSpec, x, weight, bias, eps, eps_mode, decay, lengths,
 
 
 def _check_state_values(state: NormState):
-    """A weight and a sum of squared deviations are >= 0 (a NaN passes, as in x). Checked where it costs no
-    host sync: on CPU tensors, and in a compiled graph (an assert in the graph); not in an eager CUDA call."""
-    if torch.compiler.is_compiling():
+    """A weight and a sum of squared deviations are >= 0 (a NaN passes, as in x). Checked on CPU tensors only:
+    on a GPU it would cost a host sync, or in a compiled graph a device-side assert, which leaves the process
+    no usable CUDA context (lengths out of range do that; a state's values are the user's to keep)."""
+    if state.w.device.type != "cpu":
+        return
+    if torch.compiler.is_compiling():  # an assert in the graph: no host sync
         torch._assert_async(~((state.w < 0) | (state.m2 < 0)).any(), "state.w and state.m2 must be >= 0")
-    elif state.w.device.type == "cpu":
+    else:
         for field, what in (("w", "a weight"), ("m2", "a sum of squared deviations")):
             t = getattr(state, field)
             if t.numel() and bool((t < 0).any()):
