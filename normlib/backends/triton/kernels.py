@@ -23,9 +23,10 @@ Published words carry a tag in their upper 32 bits (the launch's epoch + 1) besi
 reader tells a word written by this launch from a stale one without a fence or a workspace reset; the
 epoch comes from the ticket counter itself (epoch << 32 | ticket), which the last ticket advances.
 
-Statistics are float32 Chan merges of x - K, K a per-sequence (per-channel) shift: frame 0's mean (or
-value), or an incoming state's mean where the state outweighs the sequence (_shift); an incoming float64
-state is shifted by K in float64. FRAME shifts each frame by its own channel 0
+Statistics are float32 Chan merges of x - K, K a per-sequence (per-channel) shift: frame 0's mean (summed
+in float64, so that the backward's chunks find the same K) or value, or an incoming state's mean where the
+state outweighs the sequence (_shift); an incoming float64 state is shifted by K in float64. FRAME shifts
+each frame by its own channel 0
 instead, so a frame far from frame 0 loses no digits of its small spread. GLOBAL runs the same tile code in two launches (PHASE 1: per-span summaries;
 PHASE 2: reduce them and finish). STRIP walks a whole sequence in one program and carries the prefix; SEG
 walks it in NSPAN segments, one program each, after a PHASE 1 launch has summed every segment, so no
@@ -573,7 +574,8 @@ def _chan_frames(x, n, nv, pw, pm, pq, first, LIGHT: tl.constexpr, BLOCK_T: tl.c
     LIGHT (an incoming state): a sequence's first tile (``first``) has the state as its prefix, which may
     weigh less than the tile's frames; one far from the data lost up to 17 bits (w_in = 1e-3, 1e3 away: y and
     dx 1e-2 off). There s is 0 (frame 0's value) and e = pm - s enters as a frame of weight pw: mean = s +
-    (pw e + S1) / W, M2 = pq + pw e^2 + S2 - (pw e + S1)^2 / W, whose terms are within W / k of M2 when pw < k.
+    (pw e + S1) / W, M2 = pq + pw e^2 + S2 - (pw e + S1)^2 / W: pw e^2 cancels down to pw k e^2 / W, less than
+    a bit when pw < k.
     No branch: a runtime one, compiled into every tile, cost ccln's "b t c" backward 30-45 % on the H200."""
     ts = tl.arange(0, BLOCK_T)[None, :]
     nvf = nv.to(tl.float32) + tl.zeros([SC], tl.float32)
