@@ -335,6 +335,36 @@ def test_span_scan_global_gradients(name, layout, monkeypatch):
     check_gradients(got, gradients(name, x, w, b, eps_for(name), oracle=True, **kw), F32)
 
 
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_instln_rows_walk_one_channel_a_program(dtype, monkeypatch):
+    """Long per-channel GLOBAL "b c t" inputs with many short rows (row_walk): [1, ROW_WALK_T] tiles, one program
+    a channel walking its row twice, forward and backward; "b t c", long rows, few rows or a small x keep
+    their launches. Run at a small size with the thresholds lowered: 4 tiles a row (the last partial), lengths
+    29, 0 and 11, against the float64 reference."""
+    sizes = lambda B, C, T, last=False, es=4: launch.choose_launch(  # noqa: E731
+        B, C, T, True, last, launch.GLOBAL, 132, B * C * T * es, es)
+    assert sizes(16, 512, 16000)[:4] == (1, 2048, 4, 1) and sizes(16, 512, 16000)[8] == 1
+    assert sizes(16, 512, 16000, es=2)[:4] == (1, 2048, 4, 1)
+    assert sizes(16, 512, 16000, last=True)[0] > 1 and sizes(2, 256, 64000)[0] > 1  # "b t c"; 256 KB rows
+    assert sizes(1, 256, 16000)[0] > 1 and sizes(4, 512, 4000)[0] > 1  # 256 rows on 132 SMs; 33 MB
+    monkeypatch.setattr(launch, "GLOBAL_STRIP_BYTES", 0)
+    monkeypatch.setattr(launch, "ROW_WALK_T", 8)
+    monkeypatch.setattr(launch, "ROW_WALKS_PER_SM", 0)
+    launched = _spy_launches(monkeypatch, extra=("BLOCK_C", "BLOCK_T"))
+    B, C, T = 3, 5, 29
+    dt = DTYPES[dtype]
+    x = make_x(B, C, T, "b c t", dt, offset=2.0)
+    w, b = make_affine(C, dt)
+    gy, _ = cotangents("instln", x, B, C, False)
+    kw = dict(gy=gy, layout="b c t", lengths=torch.tensor([T, 0, 11]))
+    got = gradients("instln", x, w, b, eps_for("instln"), **kw)
+    assert sorted(set(launched)) == [("bwd", 2, False, True, False, 1, 8), ("fwd", 2, False, True, False, 1, 8)]
+    check_gradients(got, gradients("instln", x, w, b, eps_for("instln"), oracle=True, **kw), dt)
+    y = normlib.functional.instln(dev(x), dev(w), dev(b), eps_for("instln"), lengths=dev(kw["lengths"]),
+                                  backend="triton")
+    assert_rel(y, ref("instln", x, w, b, eps_for("instln"), lengths=kw["lengths"]), TOL[dt], "y")
+
+
 def _spy_launches(monkeypatch, extra=()):
     """Record (forward or backward, PHASE, SEG, STRIP, FLIP, the ``extra`` arguments, False where not
     passed) of every launch of the template's kernels."""

@@ -28,6 +28,9 @@ SEG_MIN_TILES = 8
 SCAN_SPANS, SCAN_ROWS = 32, 512
 SEG_POOLED_SEQ = 2  # pooled "b t c" forwards walk segments of at least 8 tiles up to this many sequences
 GLOBAL_STRIP_BYTES = 32 << 20  # GLOBAL reads x twice in one launch below this size (L2: 50 MB H100, 60 MB H200)
+# per-channel GLOBAL "b c t" above it: one program a channel walks its row twice, the second time from L2, where
+# rows are this short and there are ROW_WALKS_PER_SM a SM (see row_walk)
+ROW_WALK_BYTES, ROW_WALKS_PER_SM, ROW_WALK_T = 64 << 10, 4, 2048
 LEAN_BYTES = {4: (24 << 20, 24 << 20), 2: (36 << 20, 18 << 20)}  # by element size, "b c t" and "b t c": a
 # pooled look-back forward reads its first chunk again, rather than holding it, when its tiles in flight take
 # no more than this (hold_for)
@@ -221,6 +224,18 @@ def hold_for(B, C, T, block_t, channels_last, num_sms, elem_size) -> bool:
     return in_flight > LEAN_BYTES[elem_size][int(channels_last)]
 
 
+def row_walk(B, C, T, per_channel, channels_last, mode, num_sms, nbytes, elem_size) -> bool:
+    """Whether a per-channel GLOBAL "b c t" norm (instln) too large for GLOBAL_STRIP_BYTES walks each channel's
+    row in one program of [1, ROW_WALK_T] tiles, twice (statistics, then output), forward and backward: the
+    rows in flight are few enough that the second pass reads them from L2, so x is read from DRAM about once,
+    where the two launches read it twice. H200, instln (16, 512, 16000) "b c t" (ab.py, fractions of a copy,
+    forward / backward), two launches of [8, 256] -> row walks of [1, 1024] (two processes) and [1, 2048]
+    (one): fp32 0.52 / 0.50 -> 0.65 / 0.61 and 0.66 / 0.61; bf16 0.50 / 0.40-0.57 -> 0.55 / 0.58 and
+    0.66 / 0.61. Not timed on longer rows (fewer of which fit L2) or on "b t c" (a row there is strided)."""
+    return (per_channel and mode == GLOBAL and not channels_last and nbytes > GLOBAL_STRIP_BYTES
+            and T * elem_size <= ROW_WALK_BYTES and B * C >= ROW_WALKS_PER_SM * num_sms)
+
+
 def _forced_walk(mode, forced) -> int:
     """A forced strip as the mode allows it: FRAME never walks, GLOBAL walks whole sequences (no SEG)."""
     return 0 if mode == FRAME else min(int(forced), 1) if mode == GLOBAL else int(forced)
@@ -249,11 +264,17 @@ def choose_launch(B, C, T, per_channel, channels_last, mode, num_sms, nbytes, el
     fp32 (4, 512, 4000) 19.8 -> 27.1, and so it did on every shape of one chunk or of several waves, e.g. fp32
     "b c t" (2, 256, 6400) 8.0 -> 11.2 and (16, 256, 2000) 21.0 -> 22.6)."""
     bc_b, bt, warps = choose_tiles(C, T, per_channel, channels_last, None, mode, elem_size)
+    rows = row_walk(B, C, T, per_channel, channels_last, mode, num_sms, nbytes, elem_size)
+    if rows:
+        bc_b = _OVERRIDE.get("block_c", 1)
+        bt = _OVERRIDE.get("block_t", min(triton.next_power_of_2(T), ROW_WALK_T))
+        warps = _OVERRIDE.get("warps", 4)
     bc = bc_b
     if mode == FRAME and not per_channel and not channels_last:  # forward: 8192 values a tile, whatever the dtype
         bc = _OVERRIDE.get("block_c", min(triton.next_power_of_2(max(C, 1)), max(bc_b, 8192 // bt)))
     ncb = triton.cdiv(C, bc) if per_channel else 1
     strip, strip_b = strip_for(mode, B * ncb, triton.cdiv(T, bt), per_channel, channels_last, num_sms, nbytes)
+    strip, strip_b = (1, 1) if rows else (strip, strip_b)
     if "strip" in _OVERRIDE:  # forced: forward and backward alike
         strip = strip_b = _forced_walk(mode, _OVERRIDE["strip"])
     if "bwd_strip" in _OVERRIDE:
