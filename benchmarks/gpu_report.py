@@ -18,6 +18,7 @@ import copy
 import datetime
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -515,6 +516,43 @@ def targets(rows, compiled=()):
     return "\n".join(lines)
 
 
+def graph_targets(rows, compiled=()):
+    """Markdown: the targets in device time (stage "graphs": CUDA graph replays, the backward taken as the
+    step less the forward), a line per group of rows, with the median, lowest and highest figure. The compile
+    figures are do_bench times, so they are compared on the large shapes only: elsewhere they time the host."""
+    cmp = {(r["norm"], r["B"], r["C"], r["T"], r["dtype"]): r for r in compiled}
+    large = {tuple(s) for s in LARGE}
+
+    def vs(r, what):
+        k = cmp.get((r["norm"], r["B"], r["C"], r["T"], r["dtype"]), {}).get(f"cmp_{what}")
+        return k / r[f"graph_{what}"] if k else float("nan")
+    fwd = lambda r: r["graph_copy"] / r["graph_fwd"]  # noqa: E731
+    bwd = lambda r: 1.5 * r["graph_copy"] / (r["graph_step"] - r["graph_fwd"])  # noqa: E731
+    big = lambda r: (r["B"], r["C"], r["T"]) in large  # noqa: E731
+    rules = [(f"forward ≥ 0.85 of a copy: pooled, {dn} {lay!r}", fwd, 0.85,
+              lambda r, dn=dn, lay=lay: big(r) and r["norm"] in POOLED and (r["dtype"], r["layout"]) == (dn, lay))
+             for dn in ("fp32", "bf16") for lay in ("b c t", "b t c")]
+    rules += [(f"forward ≥ 0.75 of a copy: {n}", fwd, 0.75, lambda r, n=n: big(r) and r["norm"] == n)
+              for n in PER_CHANNEL]
+    rules += [("forward ≤ 1.5 × a copy's time: small (figure: times a copy's)",
+               lambda r: r["graph_fwd"] / r["graph_copy"], -1.5, lambda r: not big(r)),
+              ("forward ≥ 1.5 × faster than torch.compile: large", lambda r: vs(r, "fwd"), 1.5, big),
+              ("backward ≥ 0.75 of a copy: pooled, large", bwd, 0.75, lambda r: big(r) and r["norm"] in POOLED),
+              ("backward ≥ 0.6 of a copy: per channel, large", bwd, 0.6,
+               lambda r: big(r) and r["norm"] in PER_CHANNEL),
+              ("step ≥ 2 × faster than torch.compile: large", lambda r: vs(r, "step"), 2.0, big)]
+    lines = ["| target, in device time | rows met | median | lowest | highest |", "|---|---|---|---|---|"]
+    for label, measure, bound, pick in rules:  # a negative bound: at most its magnitude
+        vals = sorted((measure(r), r) for r in rows if pick(r) and measure(r) == measure(r))
+        if not vals:
+            continue
+        met = sum(v <= -bound if bound < 0 else v >= bound for v, _ in vals)
+        ends = [f"{v:.2f} {r['norm']} {r['dtype']} {r['layout']!r} ({r['B']}, {r['C']}, {r['T']})"
+                for v, r in (vals[0], vals[-1])]
+        lines.append(f"| {label} | {met} / {len(vals)} | {statistics.median(v for v, _ in vals):.2f} | {ends[0]} | {ends[1]} |")
+    return "\n".join(lines)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--commit", default=os.environ.get("NORMLIB_COMMIT", "unknown"))
@@ -536,13 +574,16 @@ def main():
     p.add_argument("--fwd-parts", default="ref,stream,dc,big", help="fwdchecks: which of ref, stream, dc, big")
     p.add_argument("--grad-dtypes", default="fp32,bf16", help="gradient-check dtypes")
     p.add_argument("--warm", type=int, default=12, help="processes that compile every row before timing")
-    p.add_argument("--table", help="rows-eager.jsonl[,rows-compile.jsonl]: print the markdown table of "
+    p.add_argument("--table", help="rows-eager.jsonl[,rows-compile.jsonl][,rows-graphs.jsonl]: print the markdown table of "
                                    "earlier runs (no GPU needed) and exit")
     a = p.parse_args()
     if a.table:
         rows = [[json.loads(line) for f in a.table.split(",") if st in os.path.basename(f)
-                 for line in open(f)] for st in ("eager", "compile")]
-        print(table(*rows) + "\n\n" + targets(*rows))
+                 for line in open(f)] for st in ("eager", "compile", "graphs")]
+        if rows[0]:
+            print(table(*rows[:2]) + "\n\n" + targets(*rows[:2]))
+        if rows[2]:
+            print("\n" + graph_targets(rows[2], rows[1]))
         return 0
     stages = a.stages.split(",")
     assert torch.cuda.is_available(), "gpu_report needs a CUDA GPU"

@@ -110,3 +110,27 @@ def test_gpu_report_grad_shapes_select_segmented_rows():
     for bad in ("2x128x20000:strip", "3x50", "3x50x1001,"):
         with pytest.raises(ValueError, match="grad-shapes"):
             grad_runs(bad)
+
+
+def test_gpu_report_targets_in_device_time():
+    """--table with a graphs file: each target over its rows in device time, the backward as the step less the
+    forward, torch.compile compared on the large shapes only (its small rows time the host)."""
+    from gpu_report import graph_targets
+
+    def row(norm, shape, fwd, step, copy=1.0, dtype="fp32", layout="b c t"):
+        B, C, T = shape
+        return dict(norm=norm, B=B, C=C, T=T, dtype=dtype, layout=layout, graph_fwd=fwd, graph_step=step,
+                    graph_copy=copy)
+    big, small = (16, 512, 16000), (80, 64, 301)
+    rows = [row("cln", big, 1.0, 2.5), row("gln", big, 2.0, 6.0), row("frameln", big, 1.1, 3.0),
+            row("ccln", small, 1.4, 5.0), row("ccln", (64, 128, 500), 3.0, 9.0)]
+    compiled = [dict(norm="cln", B=16, C=512, T=16000, dtype="fp32", cmp_fwd=2.0, cmp_step=4.0),
+                dict(norm="ccln", B=80, C=64, T=301, dtype="fp32", cmp_fwd=9.0, cmp_step=90.0)]
+    lines = {ln.split(" | ")[0][2:]: ln.split(" | ")[1:] for ln in graph_targets(rows, compiled).splitlines()[2:]}
+    pooled = lines["forward ≥ 0.85 of a copy: pooled, fp32 'b c t'"]
+    assert pooled[:2] == ["2 / 3", "0.91"] and pooled[2].startswith("0.50 gln") and pooled[3].startswith("1.00 cln")
+    assert lines["backward ≥ 0.75 of a copy: pooled, large"][:2] == ["2 / 3", "0.79"]  # 1.5 / (step - fwd)
+    assert lines["forward ≤ 1.5 × a copy's time: small (figure: times a copy's)"][:2] == ["1 / 2", "2.20"]
+    assert lines["forward ≥ 1.5 × faster than torch.compile: large"][:2] == ["1 / 1", "2.00"]
+    assert lines["step ≥ 2 × faster than torch.compile: large"][:2] == ["0 / 1", "1.60"]
+    assert "forward ≥ 0.75 of a copy: ccln" not in lines and "forward ≥ 0.85 of a copy: pooled, bf16 'b c t'" not in lines
