@@ -350,6 +350,7 @@ def test_instln_rows_walk_one_channel_a_program(dtype, monkeypatch):
     monkeypatch.setattr(launch, "GLOBAL_STRIP_BYTES", 0)
     monkeypatch.setattr(launch, "ROW_WALK_T", 8)
     monkeypatch.setattr(launch, "ROW_WALKS_PER_SM", 0)
+    monkeypatch.setattr(launch, "_TILES", {})  # choices cached at the real thresholds would hide the walks
     launched = _spy_launches(monkeypatch, extra=("BLOCK_C", "BLOCK_T"))
     B, C, T = 3, 5, 29
     dt = DTYPES[dtype]
