@@ -22,6 +22,7 @@ import argparse
 import collections
 import inspect
 import itertools
+import math
 import multiprocessing as mp
 import os
 import re
@@ -79,7 +80,7 @@ def configs(flag_sets=("plain", "full")):
                           HAS_SIN=full and causal and mode != 0, EPS_OUTSIDE=full, BLOCK_C=bc, BLOCK_T=bt,
                           SPAN=1 if strip else 2, WINDOW=launch.window_for(pc, B * ints["NCB"], 132),
                           DETERMINISTIC=full, AGG_ONLY=False, STRIP=bool(strip), HOLD=hold, LONE=pc or C == 1,
-                          STAGES=stages, WALK_STAGES=walk,
+                          STAGES=stages, WALK_STAGES=walk, EMA32=launch.ema32_for(pc, mode, math.log2(0.99), bt),
                           **launch.vec_for((B, C, T), ((st["b"], st["c"], st["t"]),)))
             if kernel is running_norm_fwd:
                 const = dict(common, HAS_B=layer, STORE_SOUT=full and causal, STORE_PREFIX=layer)

@@ -495,6 +495,62 @@ def test_per_channel_sums_shifted_by_the_prefix_mean_stay_accurate(layout, strip
     assert_rel(xd.grad, x64.grad, 1e-4, "dx")
 
 
+@pytest.mark.parametrize("decay", [0.96, 0.99])
+@pytest.mark.parametrize("strip", [1, 2], ids=["strip", "seg"])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_per_channel_ema_float32_sums_stay_accurate(layout, strip, decay):
+    """ccemaln's walks and backward take float32 sums shifted by the prefix's mean (EMA32) where a tile decays by
+    no more than 2^-EMA32_SPAN: 0.96 on 32 frames (0.27) is near that edge. The worst cases of the ccln test
+    above (a light state 100 spreads below the data, a step mid-tile, DC 1e3) with lengths that end inside a
+    tile (its frames' weights are taken whole: only padding follows). Against float64: y, the state, dx,
+    dweight; the launcher must have chosen the float32 sums, and they must agree with the float64 ones."""
+    B, C, T = 2, 3, 70
+    assert launch.ema32_for(True, launch.EMA, math.log2(decay), 32)
+    g = torch.Generator().manual_seed(13)
+    x = 1e3 + 1e-2 * torch.randn(B, C, T, dtype=torch.float64, generator=g)
+    x[..., 40:] += 1.0
+    full = lambda v: torch.full((B, C), v, dtype=torch.float64)  # noqa: E731
+    state = normlib.NormState(full(1.0), full(999.0), full(1e-4)).to(SD)
+    lengths = torch.tensor([70, 45])
+    weight, bias = make_affine(C, torch.float64, g)
+    x = x.to(F32)
+    if layout == "btc":
+        x = x.transpose(1, 2).contiguous()
+    gy = torch.randn(x.shape, dtype=torch.float64, generator=g)
+    outs = []
+    for ema32 in (True, False):
+        xd = dev(x).detach().clone().requires_grad_()
+        wd = dev(weight.to(F32)).requires_grad_()
+        with tile_size(block_t=32, window=2, strip=strip, span=1, ema32=ema32):
+            y, s = tri("ccemaln", xd, wd, dev(bias.to(F32)), layout=LAYOUTS[layout], decay=decay,
+                       state=dev_state(state), lengths=dev(lengths), return_state=True)
+            (y.double() * dev(gy)).sum().backward()
+        outs.append((y, s, xd.grad, wd.grad))
+    x64 = x.detach().double().requires_grad_()
+    w64 = weight.clone().requires_grad_()
+    y_ref, s_ref = ref("ccemaln", x64, w64, bias, layout=LAYOUTS[layout], decay=decay, state=state,
+                       lengths=lengths, return_state=True)
+    (y_ref * gy).sum().backward()
+    for (y, s, gx, gw), what in zip(outs, ("float32 sums", "float64 sums")):
+        assert_rel(y, y_ref, TOL[F32], f"y, {what}")
+        assert_rel(s.m2, s_ref.m2, STATE_TOL, f"state.m2, {what}")
+        assert_rel(gx, x64.grad, 1e-4, f"dx, {what}")
+        assert_rel(gw, w64.grad, 1e-4, f"dweight, {what}")
+    assert_rel(outs[0][0], outs[1][0], TOL[F32], "y, float32 against float64 sums")
+
+
+def test_per_channel_ema_takes_float32_sums_only_where_a_tile_keeps_a_quarter_of_its_prefix():
+    """EMA32: d^BLOCK_T >= 1/4 (ccemaln's default 0.99 on its [4, 128] "b c t" tiles), per channel, EMA only."""
+    assert launch.ema32_for(True, launch.EMA, math.log2(0.99), 128)
+    assert not launch.ema32_for(True, launch.EMA, math.log2(0.98), 128)
+    assert launch.ema32_for(True, launch.EMA, math.log2(0.9), 8)
+    assert not launch.ema32_for(True, launch.EMA, math.log2(0.1), 8)
+    assert not launch.ema32_for(False, launch.EMA, math.log2(0.99), 128)  # emaln: pooled
+    assert not launch.ema32_for(True, launch.CUMULATIVE, 0.0, 128)  # ccln has its own float32 sums
+    with tile_size(ema32=False):
+        assert not launch.ema32_for(True, launch.EMA, math.log2(0.99), 128)
+
+
 # ---------------------------------------------------------------------------------------------------
 # Gradients: the Triton path's backward against the torch backend's autograd
 # ---------------------------------------------------------------------------------------------------

@@ -31,6 +31,11 @@ GLOBAL_STRIP_BYTES = 32 << 20  # GLOBAL reads x twice in one launch below this s
 # per-channel GLOBAL "b c t" above it: one program a channel walks its row twice, the second time from L2, where
 # rows are this short and there are ROW_WALKS_PER_SM a SM (see row_walk)
 ROW_WALK_BYTES, ROW_WALKS_PER_SM, ROW_WALK_T = 64 << 10, 4, 2048
+# per-channel EMA's walks and backward take float32 statistics shifted by the tile's prefix (_chan_frames), where
+# a tile decays by at most 2^-EMA32_SPAN (d^BLOCK_T >= 1/4: ccemaln's default 0.99 on [4, 128] tiles); else
+# float64 sums. Statically (compile_check, Triton 3.6, fp32 "b c t" (16, 512, 16000)), warp-instructions an
+# element: forward 3.41 -> 2.43, backward 4.84 -> 3.84; "b t c" spills 24-432 -> 0-56 bytes (untimed)
+EMA32_SPAN = 2.0
 LEAN_BYTES = {4: (24 << 20, 24 << 20), 2: (36 << 20, 18 << 20)}  # by element size, "b c t" and "b t c": a
 # pooled look-back forward reads its first chunk again, rather than holding it, when its tiles in flight take
 # no more than this (hold_for)
@@ -43,7 +48,8 @@ _TILES: dict = {}
 @contextlib.contextmanager
 def tile_size(block_t=None, block_c=None, window=None, span=None, walk=None, warps=None, strip=None,
               bwd_block_c=None, bwd_warps=None, hold=None, bwd_hold=None, bwd_strip=None, maxnreg=None,
-              bwd_maxnreg=None, lone=None, stages=None, bwd_stages=None, walk_stages=None, bwd_walk_stages=None):
+              bwd_maxnreg=None, lone=None, stages=None, bwd_stages=None, walk_stages=None, bwd_walk_stages=None,
+              ema32=None):
     """Force tile sizes (tests use small tiles so that the look-back runs on small inputs; forced blocks run on
     the warps their size takes, 4 or 8, unless ``warps`` is forced too); ``walk``
     makes the look-back ignore published prefixes but tile 0's, so it crosses several windows; ``strip``
@@ -58,7 +64,8 @@ def tile_size(block_t=None, block_c=None, window=None, span=None, walk=None, war
     (Triton's ``tl.range(num_stages=N)``: the next chunks' loads go to shared memory ahead of their use; 1,
     the default, does not); ``walk_stages=N`` pipelines a walk's loop over its tiles (strips, SEG) and the
     span sums' the same way; ``bwd_*`` set the backward's own choices (a pooled backward's BLOCK_C and hold, any
-    backward's warps, strip, maxnreg and pipeline depths)."""
+    backward's warps, strip, maxnreg and pipeline depths); ``ema32`` forces (True: only where the decay allows,
+    see EMA32_SPAN) or forbids per-channel EMA's float32 statistics."""
     old = dict(_OVERRIDE)
     _OVERRIDE.update({k: v for k, v in dict(block_t=block_t, block_c=block_c, window=window, span=span,
                                             walk=walk, warps=warps, strip=strip, bwd_block_c=bwd_block_c,
@@ -66,13 +73,18 @@ def tile_size(block_t=None, block_c=None, window=None, span=None, walk=None, war
                                             bwd_strip=bwd_strip, maxnreg=maxnreg,
                                             bwd_maxnreg=bwd_maxnreg, lone=lone, stages=stages,
                                             bwd_stages=bwd_stages, walk_stages=walk_stages,
-                                            bwd_walk_stages=bwd_walk_stages).items()
+                                            bwd_walk_stages=bwd_walk_stages, ema32=ema32).items()
                       if v is not None})
     try:
         yield
     finally:
         _OVERRIDE.clear()
         _OVERRIDE.update(old)
+
+
+def ema32_for(per_channel, mode, log2d, block_t) -> bool:
+    """Whether a per-channel EMA takes float32 statistics from its tiles' prefixes (EMA32_SPAN)."""
+    return bool(per_channel and mode == EMA and -log2d * block_t <= EMA32_SPAN and _OVERRIDE.get("ema32", True))
 
 
 def time_mode(decay) -> int:
@@ -476,7 +488,7 @@ def _launch_here(kernel, p: Plan, tiles, x, B, per_channel, backward=False, maxn
     """Run the kernel: one launch with the look-back, or GLOBAL's two, or a plain grid for FRAME, or a
     strip walk of each sequence, or SEG's two (segment sums, then walks of the segments)."""
     strip = bool(tiles[7])
-    flags = dict(POOL_ALL=not per_channel, MODE=p.mode, BLOCK_C=p.block_c, BLOCK_T=p.block_t, WINDOW=p.window,
+    flags = dict(POOL_ALL=not per_channel, MODE=p.mode, EMA32=ema32_for(per_channel, p.mode, p.log2d, p.block_t), BLOCK_C=p.block_c, BLOCK_T=p.block_t, WINDOW=p.window,
                  DETERMINISTIC=bool(tiles[6]), AGG_ONLY=bool(tiles[5]), STRIP=strip, HOLD=bool(tiles[8]),
                  LONE=bool(lone), STAGES=stages, WALK_STAGES=walk_stages, num_warps=p.warps,
                  **({"maxnreg": maxnreg} if maxnreg else {}))
