@@ -43,8 +43,9 @@ def _load_kernels(path):
     return mod
 
 
-# constexprs the launcher passes that older kernels may not take, with the value that means "as before"
-NEWER = {"LONE": None, "STAGES": 1, "WALK_STAGES": 1}
+# constexprs the launcher passes that older kernels may not take, with the value that means "as before" (a
+# ccemaln row against a kernels.py before EMA32: force @ema32=0)
+NEWER = {"LONE": None, "STAGES": 1, "WALK_STAGES": 1, "EMA32": False}
 
 
 class _Older:
@@ -61,8 +62,8 @@ class _Older:
             for name, same in NEWER.items():
                 if name in kw and name not in self.params:
                     if same is not None and kw[name] != same:
-                        raise ValueError(f"this kernel has no {name}, launched with {name}={kw[name]}: force the "
-                                         f"depth to {same} after an @ (e.g. @walk_stages=1,bwd_walk_stages=1)")
+                        raise ValueError(f"this kernel has no {name}, launched with {name}={kw[name]}: force it "
+                                         f"to {same} after an @ (e.g. @walk_stages=1,bwd_walk_stages=1 or @ema32=0)")
                     del kw[name]
             return run(**kw)
         return call
