@@ -296,7 +296,6 @@ def test_forward_and_backward_walk_their_own_segments(name, monkeypatch):
     monkeypatch.setattr(launch, "_num_sms", lambda device: 4)  # 3 sequences: 4 and 2 walks
     monkeypatch.setattr(launch, "SEG_PER_SM", launch.SEG_PER_SM[:2] + ((3, 2),))
     monkeypatch.setattr(launch, "SEG_MIN_TILES", 1)
-    monkeypatch.setattr(launch, "_TILES", {})
     x, w, b, kw = _walk_case(name, "btc")
     tiles = launch.tiles_for(dev(x).transpose(1, 2), True, SPECS[name].resolve_decay(None))
     assert tiles[1] == 8 and (tiles[4], tiles[13]) == (1, 2)
@@ -350,7 +349,6 @@ def test_instln_rows_walk_one_channel_a_program(dtype, monkeypatch):
     monkeypatch.setattr(launch, "GLOBAL_STRIP_BYTES", 0)
     monkeypatch.setattr(launch, "ROW_WALK_T", 8)
     monkeypatch.setattr(launch, "ROW_WALKS_PER_SM", 0)
-    monkeypatch.setattr(launch, "_TILES", {})  # choices cached at the real thresholds would hide the walks
     launched = _spy_launches(monkeypatch, extra=("BLOCK_C", "BLOCK_T"))
     B, C, T = 3, 5, 29
     dt = DTYPES[dtype]

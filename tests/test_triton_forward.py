@@ -851,6 +851,27 @@ def test_look_back_window_covers_one_sequences_tiles_in_flight():
             check_output(tri(name, dev(x)), dev(x), ref(name, x), F32, name)
 
 
+def test_launch_choices_follow_the_launchers_names_when_they_change(monkeypatch):
+    """tiles_for caches its choices by input; assigning a name of the launcher (a threshold, a helper, as an A/B
+    run or a test does) drops them, so the next call chooses again. Here the SM count sets one sequence's
+    look-back window: 32 records on 4 SMs, 128 on 132."""
+    x = dev(make_x(1, 8, 50))
+    monkeypatch.setattr(launch, "_num_sms", lambda device: 4)
+    assert launch.tiles_for(x, False, 1.0)[3] == launch.tiles_for(x, False, 1.0)[3] == 32
+    monkeypatch.setattr(launch, "_num_sms", lambda device: 132)
+    assert launch.tiles_for(x, False, 1.0)[3] == 128
+
+
+@pytest.mark.parametrize("name", ["cln", "ccln", "gln", "instln", "frameln"])
+def test_more_programs_than_a_grid_holds_are_refused_before_launch(name, monkeypatch):
+    """A CUDA grid holds 2^31 - 1 programs: an input needing more (2^31 sequences of a few values) gets an
+    error naming the limit and the way out, not a failed launch. The limit is lowered here to 3."""
+    monkeypatch.setattr(launch, "MAX_PROGRAMS", 3)
+    monkeypatch.setattr(launch, "running_norm_fwd", None)  # nothing may launch
+    with tile_size(block_t=4, strip=False), pytest.raises(ValueError, match=r"2\^31 - 1.*backend='torch'"):
+        tri(name, dev(make_x(2, 3, 9)))
+
+
 EDGE_SHAPES = [
     pytest.param((1, 1, 1), id="B1-C1-T1"),
     pytest.param((2, 1, 17), id="B2-C1-T17"),

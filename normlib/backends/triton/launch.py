@@ -4,6 +4,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import sys
+import types
 from typing import NamedTuple
 
 import torch
@@ -494,31 +496,45 @@ def _launch_here(kernel, p: Plan, tiles, x, B, per_channel, backward=False, maxn
                  **({"maxnreg": maxnreg} if maxnreg else {}))
     sizes = dict(B=B, C=x.shape[1], T=x.shape[2], NCB=p.ncb, NT=p.nt, NSPAN=p.nspan, log2d=p.log2d)
     if p.mode == GLOBAL and strip:  # one launch: each program sums its sequence, then normalizes it
-        kernel[(B * p.ncb,)](**kw, ws_ptr=x, ctr_ptr=x, **sizes, PHASE=2, SPAN=1, **flags)
+        kernel[_grid(B * p.ncb)](**kw, ws_ptr=x, ctr_ptr=x, **sizes, PHASE=2, SPAN=1, **flags)
     elif p.mode == GLOBAL:
+        grids = (1, _grid(B * p.ncb * p.nspan)), (2, _grid(B * p.ncb * p.nt))
         ws = torch.empty(B * p.ncb * p.nspan * 3 * p.sc, dtype=torch.float32, device=x.device)
         scanned = p.nspan > SCAN_SPANS
-        for phase, grid in ((1, (B * p.ncb * p.nspan,)), (2, (B * p.ncb * p.nt,))):
+        for phase, grid in grids:
             if phase == 2 and scanned:
                 _scan_spans(ws, p, B, backward, 0.0, True)
             kernel[grid](**kw, ws_ptr=ws, ctr_ptr=ws, **sizes, PHASE=phase, SPAN=p.span,
                          SCANNED=phase == 2 and scanned, **flags)
     elif p.mode == FRAME:
-        kernel[(B * p.ncb * p.nt,)](**kw, ws_ptr=x, ctr_ptr=x, **sizes, PHASE=0, SPAN=1, **flags)
+        kernel[_grid(B * p.ncb * p.nt)](**kw, ws_ptr=x, ctr_ptr=x, **sizes, PHASE=0, SPAN=1, **flags)
     elif tiles[7] == 2:  # SEG: each program sums a segment, then each walks one (one segment: nothing to sum)
+        grid = _grid(B * p.ncb * p.nspan)
         ws = torch.empty(B * p.ncb * p.nspan * 3 * p.sc, dtype=torch.float32, device=x.device)
         scanned = p.nspan > SCAN_SPANS
         for phase in (1, 2) if p.nspan > 1 else (2,):
             if phase == 2 and scanned:
                 _scan_spans(ws, p, B, backward, p.log2d * p.block_t * triton.cdiv(p.nt, p.nspan), False)
-            kernel[(B * p.ncb * p.nspan,)](**kw, ws_ptr=ws, ctr_ptr=ws, **sizes, PHASE=phase, SPAN=1, SEG=True,
-                                           SCANNED=phase == 2 and scanned, **flags)
+            kernel[grid](**kw, ws_ptr=ws, ctr_ptr=ws, **sizes, PHASE=phase, SPAN=1, SEG=True,
+                         SCANNED=phase == 2 and scanned, **flags)
     elif strip:  # one program per sequence walks its tiles
-        kernel[(B * p.ncb,)](**kw, ws_ptr=x, ctr_ptr=x, **sizes, PHASE=0, SPAN=1, **flags)
+        kernel[_grid(B * p.ncb)](**kw, ws_ptr=x, ctr_ptr=x, **sizes, PHASE=0, SPAN=1, **flags)
     else:
+        grid = _grid(B * p.ncb * p.nt)  # before its workspace, which would not fit either
         ws, ctr = _workspace(x.device, B * p.ncb * p.nt * 6 * p.sc)
-        kernel[(B * p.ncb * p.nt,)](**kw, ws_ptr=ws, ctr_ptr=ctr, **sizes, PHASE=0, SPAN=1,
-                                    **flags)
+        kernel[grid](**kw, ws_ptr=ws, ctr_ptr=ctr, **sizes, PHASE=0, SPAN=1, **flags)
+
+
+MAX_PROGRAMS = 2**31 - 1  # a CUDA grid's first dimension
+
+
+def _grid(n):
+    """A launch of n programs: a tile, a walk or a span each, which CUDA caps (B = 2^31 sequences of a few
+    values would pass every other check)."""
+    if n > MAX_PROGRAMS:
+        raise ValueError(f"backend='triton' launches one program per tile here, and this input needs {n} "
+                         f"(more than 2^31 - 1): split the batch, or use backend='torch'")
+    return (n,)
 
 
 def _scan_spans(ws, p: Plan, B, backward, log2d_span, whole):
@@ -652,3 +668,16 @@ def _dense(t):
 
 def _or(t, dummy):
     return t if t is not None else dummy
+
+
+class _Launcher(types.ModuleType):
+    """This module: assigning one of its names (a threshold or a helper, as an A/B run or a test does) drops
+    the launch choices that ``tiles_for`` cached under the old one; its key holds the input, not them."""
+
+    def __setattr__(self, name, value):
+        super().__setattr__(name, value)
+        if name != "_TILES":
+            _TILES.clear()
+
+
+sys.modules[__name__].__class__ = _Launcher
