@@ -872,6 +872,40 @@ def test_more_programs_than_a_grid_holds_are_refused_before_launch(name, monkeyp
         tri(name, dev(make_x(2, 3, 9)))
 
 
+@pytest.mark.parametrize("name, case", [(n, c) for n in NORMS for c in ("nan-x", "inf-x", "nan-state")
+                                         if c != "nan-state" or SPECS[n].causal])
+def test_nan_and_inf_reach_the_output_as_on_the_torch_backend(name, case):
+    """A NaN or an infinity in x, or a NaN in the incoming state, makes the statistics it enters NaN on both
+    backends: the same outputs, states and gradients are non-finite, and the rest agree (frameln reads no
+    state's statistics). A max that drops NaN, as PTX's does, gave a variance of 0: finite garbage, and a
+    state's M2 of 0."""
+    spec = SPECS[name]
+    x = make_x(2, 4, 11)
+    x[0, 1, 3] = float("nan") if case == "nan-x" else x[0, 1, 3]
+    x[1, 2, 5] = float("inf") if case == "inf-x" else x[1, 2, 5]
+    kw = dict(return_state=True) if spec.causal else {}
+    if case == "nan-state":
+        shp = state_shape(name, 2, 4)
+        kw["state"] = normlib.NormState(torch.full(shp, 4.0, dtype=SD), torch.zeros(shp, dtype=SD),
+                                        torch.full(shp, float("nan"), dtype=SD))
+    gy, affine = make_x(2, 4, 11), make_affine(4, F32)
+    got = {}
+    for backend in ("torch", "triton"):
+        xb, w, b = (dev(t).clone().requires_grad_() for t in (x, *affine))
+        with tile_size(block_t=4):
+            out = getattr(normlib.functional, name)(xb, w, b, backend=backend,
+                                                    **{k: v.to(DEVICE) if k == "state" else v for k, v in kw.items()})
+            y, st = out if spec.causal else (out, None)
+            (y * dev(gy)).sum().backward()
+        got[backend] = [y.detach(), xb.grad, w.grad, b.grad] + (list(st) if st is not None else [])
+    for a, b in zip(got["torch"], got["triton"]):
+        a, b = a.cpu().double(), b.cpu().double()
+        assert torch.equal(torch.isfinite(a), torch.isfinite(b))
+        assert torch.isfinite(got["torch"][0]).all() == (name == "frameln" and case == "nan-state")
+        fin = torch.isfinite(a)
+        torch.testing.assert_close(b[fin], a[fin], rtol=1e-4, atol=1e-4)
+
+
 EDGE_SHAPES = [
     pytest.param((1, 1, 1), id="B1-C1-T1"),
     pytest.param((2, 1, 17), id="B2-C1-T17"),

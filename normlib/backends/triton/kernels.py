@@ -539,7 +539,7 @@ def _local_sums(n, fm, fq, log2d, nv, BLOCK_T: tl.constexpr, SC: tl.constexpr, P
         a1, a2 = tl.sum(u, axis=1), tl.sum(u * u, axis=1)
         nvf = nv.to(tl.float32) + tl.zeros([SC], tl.float32)
         ainv = 1.0 / tl.maximum(nvf, 1.0)
-        return w, s1, s2, D, L[:, None], nvf, L + a1 * ainv, tl.maximum(a2 - a1 * a1 * ainv, 0.0)
+        return w, s1, s2, D, L[:, None], nvf, L + a1 * ainv, _at_least(a2 - a1 * a1 * ainv, 0.0)
     else:  # m is 0 at padding
         w, s1, s2, _d = _scan(n.to(tl.float64) + tl.zeros([SC, BLOCK_T], tl.float64), m, m * m,
                               d + tl.zeros([SC, BLOCK_T], tl.float32), BLOCK_T, SC, 1, True, False)
@@ -547,6 +547,13 @@ def _local_sums(n, fm, fq, log2d, nv, BLOCK_T: tl.constexpr, SC: tl.constexpr, P
     aw, am, aq, _v, _r = _moments(_pick(w + tl.zeros([SC, BLOCK_T], tl.float64), is_last), _pick(s1, is_last),
                                   _pick(s2, is_last))
     return w, s1, s2, D, tl.zeros([SC, 1], tl.float32), aw, am, aq
+
+
+@triton.jit
+def _at_least(v, lo):
+    """max(v, lo) that keeps a NaN, as torch's clamp does (PTX's max returns the other operand): a NaN in x or
+    in a state gives NaN statistics, not a variance of 0 and finite garbage."""
+    return tl.maximum(v, lo, propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit
@@ -616,9 +623,9 @@ def _chan_frames(x, n, nv, pw, pm, pq, first, log2d, LIGHT: tl.constexpr, BLOCK_
         s1 = s1 + (pw * e)[:, None] * D
         c = c + (pw * e * e)[:, None] * D
     a = s1 * rw
-    m2 = tl.maximum(c + s2 - s1 * a, 0.0)
+    m2 = _at_least(c + s2 - s1 * a, 0.0)
     am = a1 / tl.where(aw > 0, aw, 1.0)
-    return w, s[:, None] + a, m2, m2 * rw, rw, aw, s + am, tl.maximum(a2 - a1 * am, 0.0)
+    return w, s[:, None] + a, m2, m2 * rw, rw, aw, s + am, _at_least(a2 - a1 * am, 0.0)
 
 
 @triton.jit
@@ -649,7 +656,7 @@ def _with_prefix(lw, l1, l2, D, L, pw, pm, pq, CHAN: tl.constexpr):
         r = 1.0 / (n1 * w1)
         rw = n1 * r
         a = l1 * (w1 * r)  # the frames' mean - L
-        l2 = tl.maximum(l2 - l1 * a, 0.0)
+        l2 = _at_least(l2 - l1 * a, 0.0)
         f = lw * rw
         l1 = L + a
         delta = l1 - pm[:, None]
@@ -670,9 +677,9 @@ def _tile_sum(v, POOL_ALL: tl.constexpr):
 @triton.jit
 def _rstd(var, eps, EPS_OUTSIDE: tl.constexpr):
     if EPS_OUTSIDE:  # sqrt of at least the smallest normal float, so that eps = 0 gives no 0 * inf
-        return 1.0 / (tl.sqrt(tl.maximum(var, 1.1754944e-38)) + eps)
+        return 1.0 / (tl.sqrt(_at_least(var, 1.1754944e-38)) + eps)
     else:
-        return tl.math.rsqrt(tl.maximum(var, 0.0) + eps)
+        return tl.math.rsqrt(_at_least(var, 0.0) + eps)
 
 
 @triton.jit
@@ -980,7 +987,7 @@ def running_norm_fwd(
                 ks = _pick(Kt + tl.zeros([SC, BLOCK_T], tl.float32), at)
                 tl.store(sout_ptr + NS + s_off, _pick(sm, at).to(tl.float64) + ks.to(tl.float64), mask=s_ok)
                 # M2 = Q - S mu may round below 0: the next call refuses a negative state.m2
-                tl.store(sout_ptr + 2 * NS + s_off, tl.maximum(_pick(sq, at), 0.0).to(tl.float64), mask=s_ok)
+                tl.store(sout_ptr + 2 * NS + s_off, _at_least(_pick(sq, at), 0.0).to(tl.float64), mask=s_ok)
 
 
 @triton.jit
@@ -1182,7 +1189,7 @@ def running_norm_bwd(
         # ---- dL/dmu_t and dL/dvar_t of each frame's statistics
         dmu = -r * A
         if EPS_OUTSIDE:
-            dvar = -0.5 * Bt * r / tl.sqrt(tl.maximum(var, 1.1754944e-38))
+            dvar = -0.5 * Bt * r / tl.sqrt(_at_least(var, 1.1754944e-38))
         else:
             dvar = -0.5 * Bt * r * r
         P = dmu * rW  # coefficient of a_{t,tau} in dL/dx_tau
