@@ -18,6 +18,11 @@ def _rel(a, b) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-300))
 
 
+def _nan_first(err: float):
+    """A key under which NaN is the largest error (max() of numbers keeps whichever comes first)."""
+    return (err != err, err if err == err else 0.0)
+
+
 def cmd_list(_args) -> None:
     rev: dict[str, list[str]] = {}
     for a, n in aliases().items():
@@ -84,13 +89,29 @@ def cmd_demo(args) -> int:
                         yc, state = run(x[..., lo:hi], state=state, return_state=True)
                         parts.append(yc)
                     s_err = _rel(torch.cat(parts, -1), y)
-                    stream, err = f"{s_err:.1e}", max(err, s_err)
-                worst = max(worst, err)
+                    stream, err = f"{s_err:.1e}", max(err, s_err, key=_nan_first)
+                worst = max(worst, err, key=_nan_first)
                 rows.append((name, be, dev.type, f"{_rel(y, ref):.1e}", stream, f"{_time_ms(lambda: run(x), dev):.2f}"))
     _print_table(rows)
-    ok = worst < 1e-4
+    ok = worst < 1e-4  # False for NaN
     print(f"\nworst relative error {worst:.1e}: {'OK' if ok else 'FAILED'} (threshold 1e-4)")
     return 0 if ok else 1
+
+
+def _positive(s: str) -> int:
+    if not s.strip().isdigit() or int(s) < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {s!r}")
+    return int(s)
+
+
+def _finite(s: str) -> float:
+    try:
+        v = float(s)
+    except ValueError:
+        v = float("nan")
+    if not v - v == 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {s!r}")
+    return v
 
 
 def main(argv=None) -> int:
@@ -98,10 +119,10 @@ def main(argv=None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("list", help="the family: name, what is pooled, time mode, causal, aliases")
     d = sub.add_parser("demo", help="run every norm on every device and backend against the reference")
-    d.add_argument("--batch", type=int, default=4)
-    d.add_argument("--channels", type=int, default=64)
-    d.add_argument("--frames", type=int, default=2000)
-    d.add_argument("--offset", type=float, default=100.0)
+    d.add_argument("--batch", type=_positive, default=4)
+    d.add_argument("--channels", type=_positive, default=64)
+    d.add_argument("--frames", type=_positive, default=2000)
+    d.add_argument("--offset", type=_finite, default=100.0)
     args = p.parse_args(argv)
     try:
         return {"list": cmd_list, "demo": cmd_demo}[args.cmd](args) or 0

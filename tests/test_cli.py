@@ -56,3 +56,26 @@ def test_bad_commands_exit_with_usage(argv, capsys):
     with pytest.raises(SystemExit) as e:
         main(argv)
     assert e.value.code == 2 and "usage: normlib" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, what", [(["--batch", "-1"], "--batch: expected an integer >= 1"),
+                                        (["--frames", "0"], "--frames: expected an integer >= 1"),
+                                        (["--channels", "2.5"], "--channels: expected an integer >= 1"),
+                                        (["--offset", "nan"], "--offset: expected a finite number")])
+def test_demo_refuses_bad_sizes_and_offsets_by_name(argv, what, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["demo", *argv])
+    assert e.value.code == 2 and what in capsys.readouterr().err
+
+
+def test_demo_fails_on_a_nan_error(capsys, monkeypatch):
+    """A backend that returns NaN fails the demo (max(worst, nan) kept the number, and it printed OK)."""
+    import normlib.__main__ as cli
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    real = cli.norm
+    monkeypatch.setattr(cli, "norm", lambda spec, x, *a, **kw: (
+        lambda out: (out[0] * float("nan"), out[1]) if isinstance(out, tuple) else out * float("nan"))(
+            real(spec, x, *a, **kw)) if spec.name == "gln" else real(spec, x, *a, **kw))
+    assert main(["demo", "--batch", "2", "--channels", "6", "--frames", "40"]) == 1
+    assert capsys.readouterr().out.rstrip().endswith("FAILED (threshold 1e-4)")
