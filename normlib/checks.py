@@ -38,9 +38,18 @@ def check_num_channels(num_channels) -> int:
     if isinstance(num_channels, torch.Tensor) and num_channels.dim() == 0 and not (
             num_channels.is_floating_point() or num_channels.is_complex() or num_channels.dtype == torch.bool):
         num_channels = int(num_channels)
-    if isinstance(num_channels, bool) or not isinstance(num_channels, numbers.Integral) or num_channels < 0:
-        raise ValueError(f"num_channels must be an integer >= 0, got {num_channels!r}")
+    if (isinstance(num_channels, bool) or not isinstance(num_channels, numbers.Integral) or num_channels < 0
+            or num_channels >= 2**63):
+        raise ValueError(f"num_channels must be an integer in [0, 2^63), got {num_channels!r}")
     return int(num_channels)
+
+
+def check_flag(name: str, value) -> bool:
+    """A layer's on/off option: what reads as a bool (_bool_like), not None; a string such as "False" would
+    read as True."""
+    if value is None or not _bool_like(value):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
 
 
 def check_options(spec: NormSpec, eps, eps_mode, decay, layout, backend):
@@ -70,12 +79,24 @@ def _check_options(spec: NormSpec, eps, eps_mode, decay, layout, backend):
         raise ValueError(f"eps_mode must be one of {EPS_MODES}, got {eps_mode!r}")
     # eps - eps == 0: math.isfinite, which dynamo cannot trace on a symbolic float (dynamic=True); an int
     # past float's range is refused here rather than by float() later
-    if not _real(eps) or not eps - eps == 0 or eps < 0 or (isinstance(eps, numbers.Integral) and eps > 1e308):
+    if (not _real(eps) or not eps - eps == 0 or eps < 0 or (isinstance(eps, numbers.Integral) and eps > 1e308)
+            or not _finite_as_float(eps)):
         raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
     decay = spec.resolve_decay(decay)
     if decay is not None:
         decay = _check_decay(spec, decay)
     return decay, layout
+
+
+def _finite_as_float(v) -> bool:
+    """Whether float(v) is finite: a Fraction, a long double or a Decimal can be finite and past float's range.
+    Python's and dynamo's symbolic numbers are checked as they are."""
+    if type(v) in (int, float, torch.SymInt, torch.SymFloat):
+        return True
+    try:
+        return float(v) - float(v) == 0
+    except (OverflowError, ValueError, TypeError):
+        return False
 
 
 _options_seen = functools.lru_cache(maxsize=1024, typed=True)(_check_options)  # errors are never cached
@@ -86,6 +107,8 @@ def check_inputs(spec: NormSpec, x, weight, bias, eps, eps_mode, decay, lengths,
     decay, layout = check_options(spec, eps, eps_mode, decay, layout, backend)
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.layout != torch.strided or x.is_nested:
+        raise TypeError(f"x must be a dense (strided) tensor, got {'a nested tensor' if x.is_nested else x.layout}")
     if x.dim() != 3:
         raise ValueError(f"x must have 3 dims ({layout!r}: batch, {'channels, time' if layout == 'b c t' else 'time, channels'}), "
                          f"got shape {tuple(x.shape)}")
@@ -94,15 +117,16 @@ def check_inputs(spec: NormSpec, x, weight, bias, eps, eps_mode, decay, lengths,
     xv = x if layout == "b c t" else x.permute(0, 2, 1)
     B, C, T = xv.shape
     if num_channels is not None and C != num_channels:
-        raise ValueError(f"x has {C} channels (layout {layout!r}, shape {tuple(x.shape)}) but the layer "
-                         f"was built with num_channels={num_channels}")
+        raise ValueError(f"x has {C} channels (layout {layout!r}, shape {tuple(x.shape)}) but "
+                         f"num_channels={num_channels} (a layer's, or the one passed)")
 
     for name, p in (("weight", weight), ("bias", bias)):
         if p is None:
             continue
-        if not isinstance(p, torch.Tensor) or p.shape != (C,):
-            raise ValueError(f"{name} must be a tensor of shape ({C},), got "
-                             f"{tuple(p.shape) if isinstance(p, torch.Tensor) else type(p).__name__}")
+        if not isinstance(p, torch.Tensor):
+            raise TypeError(f"{name} must be a tensor of shape ({C},), got {type(p).__name__}")
+        if p.shape != (C,):
+            raise ValueError(f"{name} must be a tensor of shape ({C},), got {tuple(p.shape)}")
         if p.dtype not in FLOAT_DTYPES:
             raise TypeError(f"{name} must be floating, got {p.dtype}")
         if p.device != x.device:
@@ -112,7 +136,9 @@ def check_inputs(spec: NormSpec, x, weight, bias, eps, eps_mode, decay, lengths,
         if not isinstance(lengths, torch.Tensor):
             try:
                 lengths = torch.as_tensor(lengths, device=x.device)
-            except (TypeError, ValueError, RuntimeError, OverflowError):
+            except (TypeError, ValueError, RuntimeError, OverflowError) as e:
+                if isinstance(e, OverflowError) or "Overflow" in str(e):  # integers past int64
+                    raise ValueError(f"lengths must lie in [0, T={T}], got {lengths!r}") from None
                 raise TypeError(f"lengths must be a tensor or a sequence of integers, got {lengths!r}") from None
             if not lengths.numel():  # [] (B = 0) reads as float32
                 lengths = lengths.long()
@@ -124,7 +150,9 @@ def check_inputs(spec: NormSpec, x, weight, bias, eps, eps_mode, decay, lengths,
             raise ValueError(f"lengths is on {lengths.device} but x is on {x.device}")
         if lengths.dtype in (torch.uint16, torch.uint32, torch.uint64):  # no min/max kernels for these
             lengths = lengths.to(torch.int64)  # (uint64 past 2**63 wraps negative, and is refused below)
-        if B and not torch.compiler.is_compiling():
+        if B and lengths.device.type == "meta":  # shapes only: no values to check
+            pass
+        elif B and not torch.compiler.is_compiling():
             lo, hi = torch.stack(torch.aminmax(lengths)).tolist()  # one device sync, not two
             if lo < 0 or hi > T:
                 raise ValueError(f"lengths must lie in [0, T={T}], got values in [{lo}, {hi}]")
@@ -132,11 +160,7 @@ def check_inputs(spec: NormSpec, x, weight, bias, eps, eps_mode, decay, lengths,
             torch._assert_async(((lengths >= 0) & (lengths <= T)).all(), "lengths must lie in [0, T]")
         lengths = lengths.to(torch.int64)
 
-    try:  # a bool, or what reads as one (1, 0, numpy's and torch's one-value bools); None is False
-        bool_like = return_state is None or return_state is True or return_state is False or return_state in (0, 1)
-    except (ValueError, RuntimeError):  # an array of several values
-        bool_like = False
-    if not bool_like:
+    if not _bool_like(return_state):
         raise TypeError(f"return_state must be True or False, got {return_state!r}")
     if (state is not None or return_state) and not spec.causal:
         raise ValueError(f"{spec.name!r} is not causal ({spec.time.value}): it takes no state and returns none")
@@ -156,6 +180,18 @@ def check_inputs(spec: NormSpec, x, weight, bias, eps, eps_mode, decay, lengths,
     return Checked(xv, lengths, decay, layout)
 
 
+def _bool_like(v) -> bool:
+    """A bool, or what reads as one: None (False), the integers 0 and 1 (Python's or numpy's), and numpy's and
+    torch's bools of one value. Not 1.0, nor a float tensor."""
+    if v is None or isinstance(v, bool):
+        return True
+    if isinstance(v, numbers.Integral):
+        return v in (0, 1)
+    dtype, size = getattr(v, "dtype", None), getattr(v, "size", None)
+    one = (v.numel() if isinstance(v, torch.Tensor) else size if isinstance(size, int) else 0) == 1
+    return one and str(dtype) in ("bool", "torch.bool")
+
+
 def _check_state_values(state: NormState):
     """A weight and a sum of squared deviations are >= 0 (a NaN passes, as in x). Checked on CPU tensors only:
     on a GPU it would cost a host sync, or in a compiled graph a device-side assert, which leaves the process
@@ -163,9 +199,14 @@ def _check_state_values(state: NormState):
     if state.w.device.type != "cpu":
         return
     if torch.compiler.is_compiling():  # an assert in the graph: no host sync
-        torch._assert_async(~((state.w < 0) | (state.m2 < 0)).any(), "state.w and state.m2 must be >= 0")
+        torch._assert_async(~((state.w < 0) | (state.m2 < 0) | ((state.w == 0) & (state.m2 > 0))).any(),
+                            "state.w and state.m2 must be >= 0, and state.m2 0 where state.w is 0")
     else:
         for field, what in (("w", "a weight"), ("m2", "a sum of squared deviations")):
             t = getattr(state, field)
             if t.numel() and bool((t < 0).any()):
                 raise ValueError(f"state.{field} must be >= 0 ({what}), got a minimum of {t.min().item():.6g}")
+        spread = (state.w == 0) & (state.m2 > 0)  # no values, yet a spread: it would enter every later frame
+        if spread.any():
+            raise ValueError(f"state.m2 must be 0 where state.w is 0 (an empty state), got "
+                             f"{state.m2[spread].flatten()[0].item():.6g} there")

@@ -6,7 +6,7 @@ import functools
 import torch
 from torch import nn
 
-from .checks import check_num_channels, check_options
+from .checks import check_flag, check_num_channels, check_options
 from .functional import norm
 from .spec import FAMILY, NormSpec, TimeMode
 
@@ -54,11 +54,17 @@ class NormLayer(nn.Module):
         super().__init__()
         self.num_channels = num_channels = check_num_channels(num_channels)
         decay, self.layout = check_options(self.spec, eps, eps_mode, decay, layout, backend)
+        elementwise_affine, bias = check_flag("elementwise_affine", elementwise_affine), check_flag("bias", bias)
+        if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise TypeError(f"dtype must be a floating dtype (of the weight and bias) or None, got {dtype!r}")
         self.decay = decay if self.spec.time is TimeMode.EMA else None
         self.eps, self.eps_mode, self.backend = eps, eps_mode, backend
         self.elementwise_affine = elementwise_affine
-        self.weight = nn.Parameter(torch.empty(num_channels, **factory_kwargs)) if elementwise_affine else None
-        self.bias = nn.Parameter(torch.empty(num_channels, **factory_kwargs)) if elementwise_affine and bias else None
+        # registered as None where absent, as nn.LayerNorm's are (state_dict and register_parameter see them)
+        self.register_parameter("weight", nn.Parameter(torch.empty(num_channels, **factory_kwargs))
+                                if elementwise_affine else None)
+        self.register_parameter("bias", nn.Parameter(torch.empty(num_channels, **factory_kwargs))
+                                if elementwise_affine and bias else None)
         self.reset_parameters()
 
     def __reduce_ex__(self, protocol):

@@ -5,7 +5,7 @@ import functools
 
 from torch import nn
 
-from .modules import _CLASSES, layer_class
+from .modules import _CLASSES, _unregistered_class, layer_class
 from .spec import FAMILY, NormSpec
 
 _LAYERS: dict[str, type] = {}
@@ -22,8 +22,16 @@ def register(name: str, target=None, *, aliases=(), description: str | None = No
 
     Used without ``target`` it is a class decorator: ``@normlib.register("mynorm")``.
     """
+    if not isinstance(name, str):
+        hint = ' (as a decorator: @normlib.register("name"))' if isinstance(name, type) else ""
+        raise TypeError(f"name must be a string{hint}, got {name!r}")
+    if isinstance(aliases, str) or not isinstance(aliases, (list, tuple, set, frozenset)) or not all(
+            isinstance(a, str) for a in aliases):
+        raise TypeError(f"aliases must be a list or tuple of strings, got {aliases!r}")
     if target is None:
         return lambda cls: register(name, cls, aliases=aliases, description=description, overwrite=overwrite)
+    if not (isinstance(target, NormSpec) or (isinstance(target, type) and issubclass(target, nn.Module))):
+        raise TypeError(f"target must be a NormSpec or an nn.Module class, got {target!r}")
     key = normalize_name(name)
     alias_keys = [normalize_name(a) for a in aliases]
     if not key or not all(alias_keys):
@@ -37,10 +45,8 @@ def register(name: str, target=None, *, aliases=(), description: str | None = No
         raise ValueError(f"norm name(s) {taken} already registered; pass overwrite=True to replace")
     if isinstance(target, NormSpec):
         cls, description = layer_class(target), description or target.description
-    elif isinstance(target, type) and issubclass(target, nn.Module):
-        cls = target
     else:
-        raise TypeError(f"target must be a NormSpec or an nn.Module class, got {target!r}")
+        cls = target
     _LAYERS[key] = cls
     _ALIASES.pop(key, None)  # a name that overwrites an alias replaces it (aliases resolve first)
     _DESCRIPTIONS[key] = description or (cls.__doc__ or "").strip().split("\n")[0]
@@ -60,9 +66,15 @@ def resolve_name(name: str) -> str:
 
 
 def get(name):
-    """The layer class for a name or alias; a class or ``functools.partial`` is returned as given."""
+    """The layer class for a name or alias, or for a :class:`NormSpec` (the class registered with it, else one
+    made from it); a class or ``functools.partial`` is returned as given."""
     if isinstance(name, (type, functools.partial)):
         return name
+    if isinstance(name, NormSpec):
+        cls = _LAYERS.get(_ALIASES.get(normalize_name(name.name), normalize_name(name.name)))
+        return cls if getattr(cls, "spec", None) == name else _unregistered_class(name)
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a string (a norm's name or alias), a NormSpec or a layer class, got {name!r}")
     return _LAYERS[resolve_name(name)]
 
 

@@ -40,6 +40,28 @@ def test_non_floating_x(name, dtype):
         run(name, x)
 
 
+@pytest.mark.parametrize("make", ["sparse", "nested"])
+@pytest.mark.parametrize("backend", ["torch", "auto"])
+def test_x_not_dense(make, backend):
+    """A sparse or nested x gets a TypeError naming x, not an error from inside a backend."""
+    x = torch.randn(2, 4, 6).to_sparse() if make == "sparse" else torch.nested.nested_tensor(
+        [torch.randn(4, 6), torch.randn(4, 5)], layout=torch.jagged)
+    with pytest.raises(TypeError, match=r"x must be a dense \(strided\) tensor, got (torch.sparse_coo|a nested)"):
+        run("cln", x, backend=backend)
+
+
+def test_lengths_of_a_meta_x_are_not_read():
+    """A meta tensor has a shape and no values: lengths are checked for shape only (the range check copied
+    them out and raised NotImplementedError)."""
+    y = run("cln", torch.randn(2, 4, 9, device="meta"), lengths=[9, 5])
+    assert y.shape == (2, 4, 9) and y.device.type == "meta"
+
+
+def test_lengths_past_int64_are_out_of_range():
+    with pytest.raises(ValueError, match=r"lengths must lie in \[0, T=6\]"):
+        run("cln", x_(B=2, T=6), lengths=[2**70, 1])
+
+
 def test_x_not_a_tensor():
     with pytest.raises(TypeError, match=r"x must be a torch.Tensor"):
         run("cln", [[[1.0, 2.0]]])
@@ -62,7 +84,7 @@ def test_channel_count_mismatch_in_layer(name, layout):
 def test_bad_num_channels(num_channels):
     """A layer's C is an integer >= 0: 2.5 was accepted (every call then failed), -1 and "4" gave torch's
     errors, which do not name the argument."""
-    with pytest.raises(ValueError, match=r"num_channels must be an integer >= 0"):
+    with pytest.raises(ValueError, match=r"num_channels must be an integer in \[0, 2\^63\)"):
         normlib.create("cln", num_channels)
 
 
@@ -71,7 +93,7 @@ def test_numpy_num_channels_is_an_int():
     for c in (np.int64(4), torch.tensor(4)):
         layer = normlib.create("cln", c)
         assert type(layer.num_channels) is int and layer.weight.shape == (4,)
-    with pytest.raises(ValueError, match=r"num_channels must be an integer >= 0"):
+    with pytest.raises(ValueError, match=r"num_channels must be an integer in \[0, 2\^63\)"):
         normlib.create("cln", torch.tensor(4.0))
 
 
@@ -90,7 +112,7 @@ def test_affine_wrong_shape(name, arg):
         run(name, x_(C=4), **{arg: torch.ones(5)})
     with pytest.raises(ValueError, match=rf"{arg} must be a tensor of shape \(4,\)"):
         run(name, x_(C=4), **{arg: torch.ones(4, 1)})
-    with pytest.raises(ValueError, match=rf"{arg} must be a tensor"):
+    with pytest.raises(TypeError, match=rf"{arg} must be a tensor of shape \(4,\), got list"):
         run(name, x_(C=4), **{arg: [1.0] * 4})
 
 
@@ -244,6 +266,22 @@ def test_state_negative_weight_or_m2(name):
 
 
 @pytest.mark.parametrize("name", CAUSAL)
+def test_state_of_weight_zero_with_a_spread(name):
+    """An empty state (weight 0) has no spread: an M2 > 0 there is refused (it entered every later frame's
+    variance, and the returned state); a mean there is free (no value carries it), and so is a NaN."""
+    B, C = 2, 4
+    good = make_state(name, B, C)
+    w = good.w.clone().index_fill_(0, torch.tensor([1]), 0.0)
+    with pytest.raises(ValueError, match=r"state\.m2 must be 0 where state\.w is 0 .*got [0-9]"):
+        run(name, x_(B, C), state=good._replace(w=w))
+    m2 = good.m2.clone().index_fill_(0, torch.tensor([1]), 0.0)
+    run(name, x_(B, C), state=good._replace(w=w, m2=m2))
+    f = torch.compile(lambda x, s: run(name, x, state=s), backend="aot_eager", fullgraph=True)
+    with pytest.raises(RuntimeError, match=r"state.m2 0 where state.w is 0"):
+        f(x_(B, C), good._replace(w=w))
+
+
+@pytest.mark.parametrize("name", CAUSAL)
 def test_state_not_a_normstate(name):
     good = make_state(name, 2, 4)
     with pytest.raises(TypeError, match=r"state must be a normlib.NormState"):
@@ -312,14 +350,16 @@ def test_bad_eps(name, eps):
         normlib.create(name, 4, eps=eps)
 
 
-@pytest.mark.parametrize("value", ["no", 2, [True], torch.tensor([1, 1]), np.array([1, 1])],
-                         ids=["str", "two", "list", "tensor2", "array2"])
+@pytest.mark.parametrize("value", ["no", 2, [True], torch.tensor([1, 1]), np.array([1, 1]), 1.0, torch.tensor(1.0),
+                                   np.array([1.0])],
+                         ids=["str", "two", "list", "tensor2", "array2", "float", "float-tensor", "float-array"])
 def test_return_state_not_a_bool(value):
     with pytest.raises(TypeError, match=r"return_state must be True or False"):
         run("cln", x_(), return_state=value)
 
 
-@pytest.mark.parametrize("value", [1, np.True_, torch.tensor(True)], ids=["one", "numpy", "tensor"])
+@pytest.mark.parametrize("value", [1, np.int64(1), np.True_, np.array([True]), torch.tensor(True)],
+                         ids=["one", "numpy-one", "numpy", "numpy-array", "tensor"])
 def test_return_state_that_reads_as_a_bool(value):
     x = x_()
     y, state = run("cln", x, return_state=value)
@@ -327,9 +367,20 @@ def test_return_state_that_reads_as_a_bool(value):
     assert torch.equal(run("cln", x, return_state=None), y)  # None: no state, as False
 
 
-def test_eps_past_floats_range():
+@pytest.mark.parametrize("eps", [10**400, "fraction", "longdouble"])
+def test_eps_past_floats_range(eps):
+    """Finite in its own type, past float's range: refused (float() made inf of a long double, and raised
+    OverflowError on a Fraction)."""
+    from fractions import Fraction
+
+    eps = {"fraction": Fraction(10**400), "longdouble": np.longdouble("1e400")}.get(eps, eps)
+    if isinstance(eps, np.longdouble) and not np.isfinite(eps):
+        eps = np.finfo(np.longdouble).max  # a platform whose long double is a double: its largest
+        eps = eps if not np.isfinite(float(eps)) else 10**400
     with pytest.raises(ValueError, match=r"eps must be a finite number >= 0"):
-        run("cln", x_(), eps=10**400)
+        run("cln", x_(), eps=eps)
+    from fractions import Fraction as Fr
+    assert torch.equal(run("cln", x := x_(), eps=Fr(1, 10**5)), run("cln", x, eps=1e-5))
 
 
 def test_spec_that_is_no_normspec():
@@ -347,7 +398,7 @@ def test_spec_that_is_no_normspec():
 
 
 def test_functional_num_channels():
-    with pytest.raises(ValueError, match=r"num_channels must be an integer >= 0, got '4'"):
+    with pytest.raises(ValueError, match=r"num_channels must be an integer in \[0, 2\^63\), got '4'"):
         F.cln(x_(C=4), num_channels="4")
 
 

@@ -81,6 +81,22 @@ def test_no_bias(name):
     x = make_x(2, 6, 11)
     assert_rel(layer(x), ref(name, x, layer.weight), TOL[F32], name)
     assert "bias=False" in repr(layer)
+    assert "bias" in layer._parameters  # registered as None, as nn.LayerNorm's: the name is a parameter's
+    layer.register_parameter("bias", nn.Parameter(torch.zeros(6)))  # (it raised KeyError: an attribute)
+
+
+@pytest.mark.parametrize("arg", ["elementwise_affine", "bias"])
+@pytest.mark.parametrize("value", ["False", "no", None, 2.0], ids=["str-False", "str", "none", "float"])
+def test_on_off_options_are_bools(arg, value):
+    """A string reads as True: "False" made the parameters and the repr said they were not there."""
+    with pytest.raises(TypeError, match=rf"{arg} must be True or False, got"):
+        _layer("cln", 6, **{arg: value})
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.complex64, "float32"])
+def test_parameters_dtype_is_floating(dtype):
+    with pytest.raises(TypeError, match=r"dtype must be a floating dtype"):
+        _layer("cln", 6, dtype=dtype)
 
 
 @pytest.mark.parametrize("name", NORMS)

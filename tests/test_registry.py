@@ -209,6 +209,49 @@ def test_register_bad_target(uname, target):
         normlib.get(uname)
 
 
+def test_a_bad_target_under_a_taken_name_is_a_type_error():
+    """The target's type is checked before the name: a TypeError, not "already registered"."""
+    with pytest.raises(TypeError, match=r"target must be a NormSpec or an nn.Module class"):
+        normlib.register("cln", 5)
+
+
+@pytest.mark.parametrize("name", [None, 3, ["x"]], ids=["none", "int", "list"])
+def test_register_a_name_that_is_no_string(name):
+    """str() made "none" of None and registered it."""
+    spec = NormSpec("zzz", Pool.ALL, TimeMode.CUMULATIVE, "Zzz", "x")
+    with pytest.raises(TypeError, match=r"name must be a string, got"):
+        normlib.register(name, spec)
+
+
+def test_register_used_as_a_decorator_without_its_name():
+    """@normlib.register on a class (no name) replaced the class by a lambda and registered nothing."""
+    with pytest.raises(TypeError, match=r'name must be a string \(as a decorator: @normlib.register\("name"\)\)'):
+        @normlib.register
+        class Mine(nn.Module):
+            pass
+
+
+@pytest.mark.parametrize("aliases", ["ab", None, [1]], ids=["str", "none", "ints"])
+def test_aliases_must_be_a_list_of_strings(uname, aliases):
+    """A string was read letter by letter ("ab": aliases "a" and "b")."""
+    spec = NormSpec(uname, Pool.ALL, TimeMode.CUMULATIVE, "Zzz", "x")
+    with pytest.raises(TypeError, match=r"aliases must be a list or tuple of strings"):
+        normlib.register(uname, spec, aliases=aliases)
+    with pytest.raises(KeyError):
+        normlib.get(uname)
+
+
+def test_get_takes_a_spec_and_refuses_other_objects(uname):
+    """A NormSpec (which the functional API takes) gives its registered class, or one made from it; a list is
+    a TypeError (str() of ["cln"] found cln)."""
+    assert normlib.get(SPECS["cln"]) is normlib.get("cln")
+    spec = NormSpec(uname, Pool.ALL, TimeMode.CUMULATIVE, "Unregistered", "x")
+    cls = normlib.get(spec)
+    assert cls.spec == spec and cls is normlib.get(spec) and cls(4)(make_x(2, 4, 5)).shape == (2, 4, 5)
+    with pytest.raises(TypeError, match=r"name must be a string \(a norm's name or alias\), a NormSpec"):
+        normlib.get(["cln"])
+
+
 def test_spec_channel_frame_is_refused():
     with pytest.raises(ValueError, match=r"degenerate"):
         NormSpec("chframe", Pool.CHANNEL, TimeMode.FRAME, "ChFrame", "per-channel single frame")
