@@ -80,9 +80,9 @@ def test_channel_count_mismatch_in_layer(name, layout):
         layer_wrong(x)
 
 
-@pytest.mark.parametrize("num_channels", [2.5, -1, True, "4", None])
+@pytest.mark.parametrize("num_channels", [2.5, -1, True, "4", None, 2**63])
 def test_bad_num_channels(num_channels):
-    """A layer's C is an integer >= 0: 2.5 was accepted (every call then failed), -1 and "4" gave torch's
+    """A layer's C is an integer >= 0: 2.5 was accepted (every call then failed), -1, "4" and 2^63 gave torch's
     errors, which do not name the argument."""
     with pytest.raises(ValueError, match=r"num_channels must be an integer in \[0, 2\^63\)"):
         normlib.create("cln", num_channels)
@@ -159,8 +159,9 @@ def test_lengths_out_of_range_under_torch_compile():
     f = torch.compile(lambda x, L: run("cln", x, lengths=L, return_state=True), backend="aot_eager",
                       fullgraph=True)
     assert f(x_(B=2, T=6), torch.tensor([6, 2]))[1].w.tolist() == [24.0, 8.0]
-    with pytest.raises(RuntimeError, match=r"lengths must lie in \[0, T\]"):
-        f(x_(B=2, T=6), torch.tensor([9, -2]))
+    for bad in ([9, 2], [-1, 2]):  # each bound alone
+        with pytest.raises(RuntimeError, match=r"lengths must lie in \[0, T\]"):
+            f(x_(B=2, T=6), torch.tensor(bad))
 
 
 def test_a_layer_compiles_with_dynamic_shapes():
@@ -261,8 +262,9 @@ def test_state_negative_weight_or_m2(name):
     run(name, x_(B, C), state=normlib.NormState.empty(good.shape))
     run(name, x_(B, C), state=good._replace(m2=torch.full(good.shape, float("nan"), dtype=torch.float64)))
     f = torch.compile(lambda x, s: run(name, x, state=s), backend="aot_eager", fullgraph=True)
-    with pytest.raises(RuntimeError, match=r"state.w and state.m2 must be >= 0"):  # in the graph: no host sync
-        f(x_(B, C), good._replace(w=-good.w))
+    for bad in (good._replace(w=-good.w), good._replace(m2=-good.m2 - 1)):  # in the graph: no host sync
+        with pytest.raises(RuntimeError, match=r"state.w and state.m2 must be >= 0"):
+            f(x_(B, C), bad)
 
 
 @pytest.mark.parametrize("name", CAUSAL)

@@ -6,6 +6,7 @@ from torch import nn
 
 import normlib
 from normlib import reference as R
+from normlib import backends
 from conftest import CAUSAL, EMA, GLOBAL, NORMS, SPECS, make_affine, make_state, make_x
 
 F64 = torch.float64
@@ -292,10 +293,11 @@ def test_a_lone_value_is_beta_at_eps_0(name, eps_mode):
     y = getattr(R, name)(x, None, bias, 0.0, eps_mode=eps_mode, lengths=lengths)
     assert torch.isfinite(y).all()
     assert torch.equal(y[1, :, 0], bias)  # one valid frame: each statistic of sequence 1 holds one value
-    for backend in ("torch",):
-        got = getattr(normlib.functional, name)(x, None, bias, 0.0, eps_mode=eps_mode, lengths=lengths,
-                                               backend=backend)
-        assert torch.equal(got[1, :, 0], bias)
+    for backend in ("torch",) + (("triton",) if backends.triton_usable(x) else ()):
+        dt = F64 if backend == "torch" else torch.float32  # Triton takes no float64
+        got = getattr(normlib.functional, name)(x.to(dt), None, bias.to(dt), 0.0, eps_mode=eps_mode,
+                                               lengths=lengths, backend=backend)
+        assert torch.equal(got[1, :, 0], bias.to(dt)), backend
     if SPECS[name].causal and not SPECS[name].per_channel:
         _, s = getattr(R, name)(torch.zeros(2, 0, 5, dtype=F64), return_state=True)
         assert all(torch.equal(t, torch.zeros(2, dtype=F64)) for t in s)

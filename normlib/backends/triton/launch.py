@@ -54,7 +54,8 @@ def tile_size(block_t=None, block_c=None, window=None, span=None, walk=None, war
               ema32=None):
     """Force tile sizes (tests use small tiles so that the look-back runs on small inputs; forced blocks run on
     the warps their size takes, 4 or 8, unless ``warps`` is forced too); ``walk``
-    makes the look-back ignore published prefixes but tile 0's, so it crosses several windows; ``strip``
+    makes the look-back ignore published prefixes but tile 0's, so it crosses several windows (and takes the
+    look-back, not a strip or SEG walk, unless ``strip`` is forced too); ``strip``
     forces (True) or forbids (False) one program per sequence in the running modes; ``hold`` forces
     whether a pooled look-back tile holds its first chunk of channels (or reads it again); ``strip=2``
     walks the running modes in cdiv(tiles, span) segments of equal length (SEG: a first launch sums each
@@ -291,6 +292,8 @@ def choose_launch(B, C, T, per_channel, channels_last, mode, num_sms, nbytes, el
     strip, strip_b = (1, 1) if rows else (strip, strip_b)
     if "strip" in _OVERRIDE:  # forced: forward and backward alike
         strip = strip_b = _forced_walk(mode, _OVERRIDE["strip"])
+    elif _OVERRIDE.get("walk"):  # a forced look-back walk needs the look-back (per channel, SEG is the default)
+        strip = strip_b = 0
     if "bwd_strip" in _OVERRIDE:
         strip_b = _forced_walk(mode, _OVERRIDE["bwd_strip"])
     warps_b = warps
