@@ -62,7 +62,10 @@ def merge(old: NormState, new: NormState, decay) -> NormState:
     w_old = decay * old.w
     w = w_old + new.w
     delta = new.m - old.m
-    inv = 1 / torch.where(w > 0, w, 1)  # an empty merge (w = 0) keeps the old mean
+    # an empty merge (w = 0) keeps the old mean; so does one whose weight decayed below the smallest normal
+    # float (padding at the end of a long EMA), where 1 / w would be inf and 0 * inf a NaN that the
+    # forward masks but autograd's backward carries into every frame of the sequence
+    inv = 1 / torch.where(w >= torch.finfo(w.dtype).tiny, w, 1)
     frac = new.w * inv
     # from the heavier side, so that merging with an empty summary leaves the mean exact
     m = torch.where(w_old >= new.w, old.m + delta * frac, new.m - delta * (w_old * inv))

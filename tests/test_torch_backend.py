@@ -638,3 +638,29 @@ def test_inductor_gives_the_eager_gradients_through_a_state(name):
     compiled = grads(torch.compile(lambda x, s: layer(x, state=s, return_state=True), fullgraph=True))
     for what, a, e in zip(("x", "state.m", "state.m2", "weight"), compiled, eager):
         assert rel_err(a, e) < 1e-5, what
+
+
+@pytest.mark.parametrize("name", EMA)
+def test_a_long_padding_tail_keeps_gradients_finite(name):
+    """An EMA's weight decays through a sequence's padding until it is subnormal in float32 (decay 0.5, 200
+    padding frames): 1 / w was inf there and 0 * inf a NaN, which the forward masked and autograd's backward
+    carried into every valid frame of the sequence (and into the weight's gradient). Gradients now match
+    float64's; a stream that has ended (length 0 for a whole chunk) passes its state's gradient through."""
+    B, C, T = 2, 4, 300
+    x, gy = make_x(B, C, T), make_x(B, C, T)
+    w, _ = make_affine(C, F32)
+    lengths = torch.tensor([T, 100])
+    grads = {}
+    for dt in (F32, F64):
+        xg, wg = x.to(dt).requires_grad_(), w.to(dt).requires_grad_()
+        y = run(name, xg, wg, decay=0.5, lengths=lengths) if dt == F32 else ref(name, xg, wg, decay=0.5,
+                                                                                lengths=lengths)
+        grads[dt] = torch.autograd.grad((y * gy.to(dt)).sum(), [xg, wg])
+    for got, want, what in zip(grads[F32], grads[F64], ("dx", "dweight")):
+        assert_rel(got, want, 1e-5, what)
+    shape = state_shape(name, B, C)
+    m = torch.randn(shape, dtype=STATE_DTYPE, requires_grad=True)
+    s0 = normlib.NormState(torch.full(shape, 50.0, dtype=STATE_DTYPE), m, torch.full(shape, 40.0, dtype=STATE_DTYPE))
+    y, s1 = run(name, make_x(B, C, 1000), decay=0.9, state=s0, lengths=[1000, 0], return_state=True)
+    (gm,) = torch.autograd.grad(y.sum() + s1.m.sum(), [m])
+    assert torch.isfinite(gm).all() and torch.equal(gm[1], torch.ones_like(gm[1]))
