@@ -91,7 +91,7 @@ def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mod
 
     s = frame_stats(xs, valid, per_channel)  # fields (B, T) or (B, C, T)
     if decay != 0:
-        s = running_scan(s, decay)
+        s = own = running_scan(s, decay)  # own: the chunk's frames alone, merged into the state in float64 below
         if state is not None:
             d_t = decay ** torch.arange(1, T + 1, device=x.device, dtype=sd)
             s = merge(rel.map(lambda t: t[..., None]), s, d_t)
@@ -110,9 +110,15 @@ def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mod
     last = torch.full((B,), T, device=x.device) if lengths is None else lengths
     at = torch.arange(T, device=x.device) == (last - 1).clamp_min(0).view((B,) + (1,) * (s.w.dim() - 1))
     Ks = (K if per_channel else K[:, 0]).expand(s.m.shape)
-    w, m, m2, k = (torch.where(at, t, 0).sum(-1).double() for t in (*s, Ks))
+    picked = own if decay != 0 and state is not None else s
+    w, m, m2, k = (torch.where(at, t, 0).sum(-1).double() for t in (*picked, Ks))
     out = NormState(w, m + k, m2)
     if state is None:
         return y, out
+    if decay != 0:
+        # the chunk's own summary merged into the incoming state in float64: a float32 merge rounded a state
+        # that an EMA keeps for 1 / (1 - d) calls each call (emaln, d = 0.999, one-frame chunks: 8e-6 off)
+        out = merge(state, out, torch.as_tensor(decay, dtype=torch.float64, device=x.device) ** last.view(
+            (B,) + (1,) * (w.dim() - 1)))
     keep = (last == 0).view((B,) + (1,) * (w.dim() - 1))  # no frame seen: the incoming state
     return y, NormState(*(torch.where(keep, p, o) for p, o in zip(state, out)))
