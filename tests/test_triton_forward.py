@@ -20,7 +20,7 @@ import normlib
 from normlib import backends
 from normlib.backends.triton import launch, tile_size
 from conftest import (padding_mask, DC_OFFSET_TOL, NORMS, SPECS, TOL, assert_rel, assert_state_close, make_affine,
-                      make_state, make_x, ref, run, state_shape)
+                      make_state, make_x, ref, rel_err, run, state_shape)
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 F32, F16 = torch.float32, torch.float16
@@ -343,6 +343,25 @@ def test_chunked_streaming(name, layout, chunking, start, dtype):
     assert_rel(y_chunks, y_whole, TOL[dtype], "chunked vs whole")
     assert_state_close(state, s_ref, STATE_TOL, "chunked state vs reference")
     assert_state_close(state, s_whole, STATE_TOL, "chunked state vs whole")
+
+
+@pytest.mark.parametrize("T", [1, 12], ids=["frame", "3tiles"])
+@pytest.mark.parametrize("strip", [0, 1, 2], ids=["lookback", "strip", "seg"])
+@pytest.mark.parametrize("name", RUNNING)
+def test_the_outgoing_state_merges_in_float64(name, strip, T):
+    """The outgoing state is the incoming one merged in float64 with the summary of the chunk's own frames (the
+    tiles' prefixes leave the state out; each tile merges it in for its output). A float32 merge rounded a
+    heavy state by 2^-24 each call, and an EMA keeps each rounding for about 1 / (1 - d) calls: emaln at
+    d = 0.999 streamed one frame a call drifted to 1e-5 of the reference."""
+    B, C = 2, 3
+    x = make_x(B, C, T, offset=5.0, scale=2.0)
+    s0 = make_state(name, B, C, SD)
+    s0 = normlib.NormState(s0.w * 1e6, s0.m, s0.m2 * 1e6)  # a million frames' weight
+    kw = {"decay": 0.999} if name in ("emaln", "ccemaln") else {}
+    _, s_ref = ref(name, x, state=s0, return_state=True, **kw)
+    with tile_size(block_t=4, window=2, strip=strip):
+        _, s = tri(name, dev(x), state=dev_state(s0), return_state=True, **kw)
+    assert_state_close(s.to("cpu"), s_ref, 1e-10, "outgoing state")
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -468,6 +468,26 @@ def _state_mean(sin_ptr, s_off, s_ok, NS, K):
 
 
 @triton.jit
+def _with_state(pw, pm, pq, iw, im, iq, t0, log2d, HAS_SIN: tl.constexpr):
+    """A tile's prefix of the sequence's frames before t0 with the incoming state (iw, im, iq) merged in, [SC]
+    each: the state has decayed by d^t0."""
+    if HAS_SIN:
+        pw, pm, pq, _d = merge(iw, im, iq, 1.0, pw, pm, pq, tl.exp2(log2d * t0.to(tl.float32)))
+    return pw, pm, pq
+
+
+@triton.jit
+def _state_out(sin_ptr, s_off, s_ok, NS, ow, om, oq, length, log2d):
+    """The outgoing state in float64, [SC] each: the incoming state merged with the summary (ow, om, oq) of the
+    frames 0 .. length - 1 alone (om a float64 mean, shift added back). A float32 merge rounded the state each
+    call, which an EMA keeps for 1 / (1 - d) calls: emaln at d = 0.999 in one-frame chunks was 1e-5 off."""
+    w, m, q, _d = merge(tl.load(sin_ptr + s_off, mask=s_ok, other=0.0), tl.load(sin_ptr + NS + s_off, mask=s_ok,
+                        other=0.0), tl.load(sin_ptr + 2 * NS + s_off, mask=s_ok, other=0.0), 1.0,
+                        ow.to(tl.float64), om, oq.to(tl.float64), tl.exp2((tl.zeros_like(om) + log2d) * length))
+    return w, m, q
+
+
+@triton.jit
 def _count(msk, m_t, c0, C, BLOCK_C: tl.constexpr, POOL_ALL: tl.constexpr):
     """The valid values of each frame of channels c0 .. c0 + BLOCK_C - 1, [SC, BLOCK_T]: pooled, counted
     from the bounds rather than by a reduction over the channels."""
@@ -808,6 +828,7 @@ def running_norm_fwd(
 ):
     SC: tl.constexpr = 1 if POOL_ALL else BLOCK_C  # statistics per frame: one, or one per channel
     CHAN: tl.constexpr = not POOL_ALL and MODE == 1  # _local_sums' float32 summaries
+    SOUT64: tl.constexpr = STORE_SOUT and HAS_SIN and (MODE == 1 or MODE == 2)
     T, sxc, syc = _multiple(T, VEC_T), _multiple(sxc, VEC_T), _multiple(syc, VEC_T)  # see VEC below
     C, sxt, syt = _multiple(C, VEC_C), _multiple(sxt, VEC_C), _multiple(syt, VEC_C)
     sxb, syb = _multiple(sxb, VEC_T * VEC_C), _multiple(syb, VEC_T * VEC_C)
@@ -870,31 +891,33 @@ def running_norm_fwd(
             return
 
     # STRIP: the program walks every tile of its sequence in order and carries the prefix (no ticket, no
-    # look-back); otherwise it owns one tile. The first tile's prefix is the incoming state.
+    # look-back); otherwise it owns one tile. Prefixes (carried, published, segments') hold the sequence's
+    # frames alone; each tile merges the incoming state (iw, im, iq) into its own (_with_state), so the
+    # outgoing state can merge the frames' summary into the float64 state (_state_out)
     cw = tl.zeros([SC], dtype=tl.float32)
     cm = tl.zeros([SC], dtype=tl.float32)
     cq = tl.zeros([SC], dtype=tl.float32)
+    iw, im, iq = cw, cm, cq
     if HAS_SIN:
-        cw = tl.load(sin_ptr + s_off, mask=s_ok, other=0.0).to(tl.float32)
-        cm = _state_mean(sin_ptr, s_off, s_ok, NS, K)
-        cq = tl.load(sin_ptr + 2 * NS + s_off, mask=s_ok, other=0.0).to(tl.float32)
+        iw = tl.load(sin_ptr + s_off, mask=s_ok, other=0.0).to(tl.float32)
+        im = _state_mean(sin_ptr, s_off, s_ok, NS, K)
+        iq = tl.load(sin_ptr + 2 * NS + s_off, mask=s_ok, other=0.0).to(tl.float32)
     rec0 = seq.to(tl.int64) * NT * (6 * SC)
     n_walk = 1
     if STRIP:
         n_walk = NT
-    if SEG:  # segment it0: its prefix is the incoming state, then the summaries of the segments before it
+    if SEG:  # segment it0: its prefix is the summaries of the segments before it
         if SCANNED:  # span_scan has merged them: record it0 - 1
             prev = ws_ptr + (seq.to(tl.int64) * NSPAN + it0 - 1) * (3 * SC) + offs_s
             m_prev = offs_s + it0 > offs_s  # it0 > 0, as a [SC] mask
             sw_ = tl.load(prev, mask=m_prev, other=0.0)
             sm_ = tl.load(prev + SC, mask=m_prev, other=0.0)
             sq_ = tl.load(prev + 2 * SC, mask=m_prev, other=0.0)
-            sd_ = tl.exp2(log2d * (BLOCK_T * span_len * it0).to(tl.float32))
         else:
-            sw_, sm_, sq_, sd_ = _span_reduce(ws_ptr, seq.to(tl.int64) * NSPAN * (3 * SC), it0,
+            sw_, sm_, sq_, _sd = _span_reduce(ws_ptr, seq.to(tl.int64) * NSPAN * (3 * SC), it0,
                                               tl.exp2(log2d * (BLOCK_T * span_len).to(tl.float32)), offs_s, SC,
                                               WINDOW, False)
-        cw, cm, cq, _sd = merge(cw, cm, cq, 1.0, sw_, sm_, sq_, sd_)
+        cw, cm, cq = sw_, sm_, sq_
         it0 = it0 * span_len
         n_walk = tl.minimum(span_len, NT - it0)
     if STRIP:  # the walk reads each tile one step ahead, so its load overlaps the previous tile's work
@@ -917,6 +940,10 @@ def running_norm_fwd(
         else:
             xk, msk = _load(px, sxc, 0, offs_c, C, m_t, Kt, AGAIN if LEAN else STREAM)  # [BLOCK_C, BLOCK_T]
         ppre = pre_ptr + (seq.to(tl.int64) * NT + it) * (3 * SC) + offs_s
+        at_end = (offs_t == length - 1)[None, :]  # the frame of the outgoing state, if this tile holds it
+        holds_end = (t0 <= length - 1) & (length - 1 < t0 + BLOCK_T)
+        ow = tl.zeros([SC], tl.float32)
+        om, oq = ow, ow
 
         if MODE == 3:  # GLOBAL, second launch: reduce the span summaries of this sequence (a strip has its own)
             if STRIP:
@@ -946,17 +973,31 @@ def running_norm_fwd(
                 # per-channel walk (ccln; ccemaln where EMA32) knows its prefix (the carry) first and shifts its
                 # sums by its mean (_chan_frames)
                 WALK_CHAN: tl.constexpr = (CHAN or EMA32) and STRIP
+                fn, nv = _frame_weight(sw, m_t, POOL_ALL), _valid_frames(t0, T, length, BLOCK_T)
                 if WALK_CHAN:
-                    kw_, km_, kq_, kvar, _r, aw, am, aq = _chan_frames(sm, _frame_weight(sw, m_t, POOL_ALL),
-                                                                       _valid_frames(t0, T, length, BLOCK_T), cw,
-                                                                       cm, cq, t0 == 0, log2d, HAS_SIN, BLOCK_T, SC,
-                                                                       MODE)
+                    fw_, fm_, fq_ = _with_state(cw, cm, cq, iw, im, iq, t0, log2d, HAS_SIN)
+                    kw_, km_, kq_, kvar, _r, aw, am, aq = _chan_frames(sm, fn, nv, fw_, fm_, fq_, t0 == 0, log2d,
+                                                                       HAS_SIN, BLOCK_T, SC, MODE)
+                    if SOUT64:  # the frames' own statistics at length - 1: the walk again, from their own prefix
+                        if holds_end:
+                            ow, om, oq, _v, _r2, _a, _b, _c = _chan_frames(sm, fn, nv, cw, cm, cq, t0 == 0, log2d,
+                                                                           False, BLOCK_T, SC, MODE)
+                            ow, om, oq = _pick(ow, at_end), _pick(om, at_end), _pick(oq, at_end)
                 else:
-                    lw, l1, l2, D, L, aw, am, aq = _local_sums(_frame_weight(sw, m_t, POOL_ALL), sm, sq, log2d,
-                                                            _valid_frames(t0, T, length, BLOCK_T), BLOCK_T,
-                                                            SC, POOL_ALL, MODE)
+                    lw, l1, l2, D, L, aw, am, aq = _local_sums(fn, sm, sq, log2d, nv, BLOCK_T, SC, POOL_ALL, MODE)
                 pw, pm, pq, cw, cm, cq = _prefix(ws_ptr, rec0, it, tag, cw, cm, cq, aw, am, aq, d_tile, offs_s,
                                                  SC, WINDOW, AGG_ONLY, DETERMINISTIC, False, STRIP)
+                if WALK_CHAN:
+                    pw, pm, pq = fw_, fm_, fq_
+                else:
+                    if SOUT64:  # the frames' own statistics at length - 1: their local sums there, their prefix
+                        if holds_end:
+                            Dk = _pick(D + tl.zeros([SC, BLOCK_T], tl.float32), at_end)[:, None]
+                            ow, om, oq, _v, _r2 = _with_prefix(_pick(lw + tl.zeros_like(l1), at_end)[:, None],
+                                                               _pick(l1, at_end)[:, None], _pick(l2, at_end)[:, None],
+                                                               Dk, L, pw, pm, pq, CHAN)
+                            ow, om, oq = tl.sum(ow, axis=1), tl.sum(om, axis=1), tl.sum(oq, axis=1)
+                    pw, pm, pq = _with_state(pw, pm, pq, iw, im, iq, t0, log2d, HAS_SIN)
                 if STORE_PREFIX:
                     tl.store(ppre, pw)
                     tl.store(ppre + SC, pm)
@@ -981,13 +1022,17 @@ def running_norm_fwd(
             _write_y(py, syc, xc, mc, mean, r, c0, offs_c, C, in_t, w_ptr, b_ptr, HAS_W, HAS_B, STREAM, HAS_LEN)
 
         if STORE_SOUT:  # the state after frame length - 1, written by the tile that holds that frame
-            at = (offs_t == length - 1)[None, :]
-            if (t0 <= length - 1) & (length - 1 < t0 + BLOCK_T):
-                tl.store(sout_ptr + s_off, _pick(sw, at).to(tl.float64), mask=s_ok)
-                ks = _pick(Kt + tl.zeros([SC, BLOCK_T], tl.float32), at)
-                tl.store(sout_ptr + NS + s_off, _pick(sm, at).to(tl.float64) + ks.to(tl.float64), mask=s_ok)
+            if holds_end:
+                ks = _pick(Kt + tl.zeros([SC, BLOCK_T], tl.float32), at_end).to(tl.float64)
+                if SOUT64:  # the frames' own statistics (ow, om, oq) merged into the state in float64
+                    w64, m64, q64 = _state_out(sin_ptr, s_off, s_ok, NS, ow, om.to(tl.float64) + ks, oq, length,
+                                               log2d)
+                else:
+                    w64, m64, q64 = _pick(sw, at_end), _pick(sm, at_end).to(tl.float64) + ks, _pick(sq, at_end)
+                tl.store(sout_ptr + s_off, w64.to(tl.float64), mask=s_ok)
+                tl.store(sout_ptr + NS + s_off, m64, mask=s_ok)
                 # M2 = Q - S mu may round below 0: the next call refuses a negative state.m2
-                tl.store(sout_ptr + 2 * NS + s_off, _at_least(_pick(sq, at), 0.0).to(tl.float64), mask=s_ok)
+                tl.store(sout_ptr + 2 * NS + s_off, _at_least(q64.to(tl.float64), 0.0), mask=s_ok)
 
 
 @triton.jit
