@@ -20,7 +20,7 @@ import normlib
 from normlib import backends
 from normlib.backends.triton import launch, tile_size
 from conftest import (padding_mask, DC_OFFSET_TOL, NORMS, SPECS, TOL, assert_rel, assert_state_close, make_affine,
-                      make_state, make_x, ref, rel_err, run, state_shape)
+                      make_state, make_x, ref, run, state_shape)
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 F32, F16 = torch.float32, torch.float16
