@@ -232,6 +232,19 @@ def test_one_frame_chunks_are_as_accurate_as_one_call(name):
     assert rel_err(y, y_r) <= 1.5 * rel_err(run(name, x, **kw), y_r)
 
 
+@pytest.mark.parametrize("T", [1, 12])
+@pytest.mark.parametrize("name", RUNNING)
+def test_the_outgoing_state_after_a_heavy_one_is_float64_exact(name, T):
+    """One call's returned state, after an incoming state of a million frames' weight: float64 to 1e-10 (a
+    float32 merge rounded it by 2^-24)."""
+    x = make_x(2, 3, T, offset=5.0, scale=2.0)
+    s0 = make_state(name, 2, 3)
+    s0 = NormState(s0.w * 1e6, s0.m, s0.m2 * 1e6)
+    _, s = run(name, x, state=s0, return_state=True, **_kw(name, 0.999))
+    _, s_ref = ref(name, x, state=s0, return_state=True, **_kw(name, 0.999))
+    assert_state_close(s, s_ref, 1e-10)
+
+
 @pytest.mark.parametrize("name", CAUSAL)
 def test_module_streaming(name):
     layer = normlib.create(name, 6, layout="b t c", backend="torch")
