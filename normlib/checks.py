@@ -148,12 +148,15 @@ def check_inputs(spec: NormSpec, x, weight, bias, eps, eps_mode, decay, lengths,
             raise TypeError(f"lengths must be an integer tensor, got {lengths.dtype}")
         if lengths.device != x.device:
             raise ValueError(f"lengths is on {lengths.device} but x is on {x.device}")
+        wraps = lengths.dtype == torch.uint64  # past 2**63 it wraps negative as int64, and is refused below
         if lengths.dtype in (torch.uint16, torch.uint32, torch.uint64):  # no min/max kernels for these
-            lengths = lengths.to(torch.int64)  # (uint64 past 2**63 wraps negative, and is refused below)
+            lengths = lengths.to(torch.int64)
         if B and lengths.device.type == "meta":  # shapes only: no values to check
             pass
         elif B and not torch.compiler.is_compiling():
             lo, hi = torch.stack(torch.aminmax(lengths)).tolist()  # one device sync, not two
+            if wraps and lo < 0:
+                raise ValueError(f"lengths must lie in [0, T={T}], got a value of 2**63 or more (uint64)")
             if lo < 0 or hi > T:
                 raise ValueError(f"lengths must lie in [0, T={T}], got values in [{lo}, {hi}]")
         elif B:  # traced: no host sync, so the check runs in the graph (a device-side assert on a GPU)

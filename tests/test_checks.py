@@ -191,6 +191,12 @@ def test_lengths_of_any_integer_dtype(dtype):
     assert torch.equal(run("cln", x, lengths=torch.tensor([6, 3]).to(dtype)), run("cln", x, lengths=[6, 3]))
 
 
+def test_a_uint64_length_past_int64_is_reported_as_such():
+    big = torch.tensor([2**63 + 5, 3], dtype=torch.uint64)
+    with pytest.raises(ValueError, match=r"lengths must lie in \[0, T=6\], got a value of 2\*\*63 or more"):
+        run("cln", x_(B=2, T=6), lengths=big)
+
+
 @pytest.mark.parametrize("lengths", ["ab", [None, 1], {0: 1, 1: 2}])
 def test_lengths_that_are_no_integers(lengths):
     with pytest.raises(TypeError, match=r"lengths must be a tensor or a sequence of integers"):
