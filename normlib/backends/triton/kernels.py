@@ -477,6 +477,22 @@ def _with_state(pw, pm, pq, iw, im, iq, t0, log2d, HAS_SIN: tl.constexpr):
 
 
 @triton.jit
+def _own_end(fn, fm, fq, pw, pm, pq, k, log2d, BLOCK_T: tl.constexpr):
+    """The statistics of a sequence's frames alone at frame t0 + k of a tile, [SC] each: the prefix (pw, pm, pq)
+    of the frames before t0 merged with the tile's frames 0..k, whose (n, mean, M2) are fn, fm, fq. Frame tau
+    weighs d^(k - tau), at most 1: two passes over the tile, in float32."""
+    ts = tl.arange(0, BLOCK_T)[None, :]
+    dk = tl.where(ts <= k, tl.exp2(log2d * (k - ts).to(tl.float32)), 0.0)
+    g = dk * fn
+    w = tl.sum(g + tl.zeros_like(fm), axis=1)
+    mean = tl.sum(g * fm, axis=1) / tl.where(w > 0, w, 1.0)
+    dev = fm - mean[:, None]
+    q = tl.sum(g * dev * dev + dk * fq, axis=1)
+    ow, om, oq, _d = merge(pw, pm, pq, 1.0, w, mean, q, tl.exp2(log2d * (k + 1).to(tl.float32)))
+    return ow, om, oq
+
+
+@triton.jit
 def _state_out(sin_ptr, s_off, s_ok, NS, ow, om, oq, length, log2d):
     """The outgoing state in float64, [SC] each: the incoming state merged with the summary (ow, om, oq) of the
     frames 0 .. length - 1 alone (om a float64 mean, shift added back). A float32 merge rounded the state each
@@ -940,8 +956,7 @@ def running_norm_fwd(
         else:
             xk, msk = _load(px, sxc, 0, offs_c, C, m_t, Kt, AGAIN if LEAN else STREAM)  # [BLOCK_C, BLOCK_T]
         ppre = pre_ptr + (seq.to(tl.int64) * NT + it) * (3 * SC) + offs_s
-        at_end = (offs_t == length - 1)[None, :]  # the frame of the outgoing state, if this tile holds it
-        holds_end = (t0 <= length - 1) & (length - 1 < t0 + BLOCK_T)
+        holds_end = (t0 <= length - 1) & (length - 1 < t0 + BLOCK_T)  # the outgoing state's frame
         ow = tl.zeros([SC], tl.float32)
         om, oq = ow, ow
 
@@ -978,25 +993,16 @@ def running_norm_fwd(
                     fw_, fm_, fq_ = _with_state(cw, cm, cq, iw, im, iq, t0, log2d, HAS_SIN)
                     kw_, km_, kq_, kvar, _r, aw, am, aq = _chan_frames(sm, fn, nv, fw_, fm_, fq_, t0 == 0, log2d,
                                                                        HAS_SIN, BLOCK_T, SC, MODE)
-                    if SOUT64:  # the frames' own statistics at length - 1: the walk again, from their own prefix
-                        if holds_end:
-                            ow, om, oq, _v, _r2, _a, _b, _c = _chan_frames(sm, fn, nv, cw, cm, cq, t0 == 0, log2d,
-                                                                           False, BLOCK_T, SC, MODE)
-                            ow, om, oq = _pick(ow, at_end), _pick(om, at_end), _pick(oq, at_end)
                 else:
                     lw, l1, l2, D, L, aw, am, aq = _local_sums(fn, sm, sq, log2d, nv, BLOCK_T, SC, POOL_ALL, MODE)
                 pw, pm, pq, cw, cm, cq = _prefix(ws_ptr, rec0, it, tag, cw, cm, cq, aw, am, aq, d_tile, offs_s,
                                                  SC, WINDOW, AGG_ONLY, DETERMINISTIC, False, STRIP)
+                if SOUT64:  # the frames' own statistics at length - 1: their prefix (pw, pm, pq), then the tile's
+                    if holds_end:
+                        ow, om, oq = _own_end(fn, sm, sq, pw, pm, pq, length - 1 - t0, log2d, BLOCK_T)
                 if WALK_CHAN:
                     pw, pm, pq = fw_, fm_, fq_
                 else:
-                    if SOUT64:  # the frames' own statistics at length - 1: their local sums there, their prefix
-                        if holds_end:
-                            Dk = _pick(D + tl.zeros([SC, BLOCK_T], tl.float32), at_end)[:, None]
-                            ow, om, oq, _v, _r2 = _with_prefix(_pick(lw + tl.zeros_like(l1), at_end)[:, None],
-                                                               _pick(l1, at_end)[:, None], _pick(l2, at_end)[:, None],
-                                                               Dk, L, pw, pm, pq, CHAN)
-                            ow, om, oq = tl.sum(ow, axis=1), tl.sum(om, axis=1), tl.sum(oq, axis=1)
                     pw, pm, pq = _with_state(pw, pm, pq, iw, im, iq, t0, log2d, HAS_SIN)
                 if STORE_PREFIX:
                     tl.store(ppre, pw)
@@ -1023,6 +1029,7 @@ def running_norm_fwd(
 
         if STORE_SOUT:  # the state after frame length - 1, written by the tile that holds that frame
             if holds_end:
+                at_end = (offs_t == length - 1)[None, :]
                 ks = _pick(Kt + tl.zeros([SC, BLOCK_T], tl.float32), at_end).to(tl.float64)
                 if SOUT64:  # the frames' own statistics (ow, om, oq) merged into the state in float64
                     w64, m64, q64 = _state_out(sin_ptr, s_off, s_ok, NS, ow, om.to(tl.float64) + ks, oq, length,
