@@ -493,6 +493,15 @@ def _own_end(fn, fm, fq, pw, pm, pq, k, log2d, BLOCK_T: tl.constexpr):
 
 
 @triton.jit
+def _store_state(sout_ptr, s_off, s_ok, NS, w, m, q):
+    """The outgoing state's fields, [SC] each, in float64 (m already is)."""
+    tl.store(sout_ptr + s_off, w.to(tl.float64), mask=s_ok)
+    tl.store(sout_ptr + NS + s_off, m, mask=s_ok)
+    # M2 = Q - S mu may round below 0: the next call refuses a negative state.m2
+    tl.store(sout_ptr + 2 * NS + s_off, _at_least(q.to(tl.float64), 0.0), mask=s_ok)
+
+
+@triton.jit
 def _state_out(sin_ptr, s_off, s_ok, NS, ow, om, oq, length, log2d):
     """The outgoing state in float64, [SC] each: the incoming state merged with the summary (ow, om, oq) of the
     frames 0 .. length - 1 alone (om a float64 mean, shift added back). A float32 merge rounded the state each
@@ -523,6 +532,19 @@ def _frame_stats(xk, msk, m_t, c0, C, BLOCK_C: tl.constexpr, POOL_ALL: tl.conste
         return fn, fm, _group_sum(dev * dev, POOL_ALL)
     else:  # a frame of one channel is one value (xk is 0 at padding)
         return msk.to(tl.float32), xk, tl.zeros(xk.shape, tl.float32)
+
+
+@triton.jit
+def _tile_frames(xk, msk, px, sxc, offs_c, C, m_t, K, CL, BLOCK_C: tl.constexpr, POOL_ALL: tl.constexpr,
+                 STAGES: tl.constexpr):
+    """The frames' (n, mean, M2) of a tile whose first chunk of channels (xk, msk) is loaded: its other chunks
+    (pooled) are read and merged in, and stay in L2 to be read again."""
+    sw, sm, sq = _frame_stats(xk, msk, m_t, 0, C, BLOCK_C, POOL_ALL)
+    for c0 in tl.range(BLOCK_C, CL, BLOCK_C, num_stages=STAGES):
+        xc, mc = _load(px, sxc, c0, offs_c, C, m_t, K, AGAIN)
+        cw_, cm_, cq_ = _frame_stats(xc, mc, m_t, c0, C, BLOCK_C, POOL_ALL)
+        sw, sm, sq, _d = merge(sw, sm, sq, 1.0, cw_, cm_, cq_, 1.0)
+    return sw, sm, sq
 
 
 @triton.jit
@@ -914,6 +936,7 @@ def running_norm_fwd(
     cm = tl.zeros([SC], dtype=tl.float32)
     cq = tl.zeros([SC], dtype=tl.float32)
     iw, im, iq = cw, cm, cq
+    ew, em, eq = cw, cm, cq  # SOUT64: the prefix of the outgoing state's tile
     if HAS_SIN:
         iw = tl.load(sin_ptr + s_off, mask=s_ok, other=0.0).to(tl.float32)
         im = _state_mean(sin_ptr, s_off, s_ok, NS, K)
@@ -957,8 +980,6 @@ def running_norm_fwd(
             xk, msk = _load(px, sxc, 0, offs_c, C, m_t, Kt, AGAIN if LEAN else STREAM)  # [BLOCK_C, BLOCK_T]
         ppre = pre_ptr + (seq.to(tl.int64) * NT + it) * (3 * SC) + offs_s
         holds_end = (t0 <= length - 1) & (length - 1 < t0 + BLOCK_T)  # the outgoing state's frame
-        ow = tl.zeros([SC], tl.float32)
-        om, oq = ow, ow
 
         if MODE == 3:  # GLOBAL, second launch: reduce the span summaries of this sequence (a strip has its own)
             if STRIP:
@@ -978,11 +999,7 @@ def running_norm_fwd(
             var = (mq / tl.where(mw > 0, mw, 1.0))[:, None] + tl.zeros([SC, BLOCK_T], tl.float32)
             wt = mw[:, None] + tl.zeros([SC, BLOCK_T], tl.float32)
         else:
-            sw, sm, sq = _frame_stats(xk, msk, m_t, 0, C, BLOCK_C, POOL_ALL)
-            for c0 in tl.range(BLOCK_C, CL, BLOCK_C, num_stages=STAGES):
-                xc, mc = _load(px, sxc, c0, offs_c, C, m_t, Kt, AGAIN)
-                cw_, cm_, cq_ = _frame_stats(xc, mc, m_t, c0, C, BLOCK_C, POOL_ALL)
-                sw, sm, sq, _d = merge(sw, sm, sq, 1.0, cw_, cm_, cq_, 1.0)
+            sw, sm, sq = _tile_frames(xk, msk, px, sxc, offs_c, C, m_t, Kt, CL, BLOCK_C, POOL_ALL, STAGES)
             if MODE != 0:
                 # running sums inside the tile, then its prefix: carried, the incoming state, or look-back; a
                 # per-channel walk (ccln; ccemaln where EMA32) knows its prefix (the carry) first and shifts its
@@ -997,9 +1014,8 @@ def running_norm_fwd(
                     lw, l1, l2, D, L, aw, am, aq = _local_sums(fn, sm, sq, log2d, nv, BLOCK_T, SC, POOL_ALL, MODE)
                 pw, pm, pq, cw, cm, cq = _prefix(ws_ptr, rec0, it, tag, cw, cm, cq, aw, am, aq, d_tile, offs_s,
                                                  SC, WINDOW, AGG_ONLY, DETERMINISTIC, False, STRIP)
-                if SOUT64:  # the frames' own statistics at length - 1: their prefix (pw, pm, pq), then the tile's
-                    if holds_end:
-                        ow, om, oq = _own_end(fn, sm, sq, pw, pm, pq, length - 1 - t0, log2d, BLOCK_T)
+                if SOUT64:  # the prefix of the frames alone before the outgoing state's frame: _state_out
+                    ew, em, eq = tl.where(holds_end, pw, ew), tl.where(holds_end, pm, em), tl.where(holds_end, pq, eq)
                 if WALK_CHAN:
                     pw, pm, pq = fw_, fm_, fq_
                 else:
@@ -1027,19 +1043,29 @@ def running_norm_fwd(
             xc, mc = _load(px, sxc, c0, offs_c, C, m_t, Kt, STREAM)
             _write_y(py, syc, xc, mc, mean, r, c0, offs_c, C, in_t, w_ptr, b_ptr, HAS_W, HAS_B, STREAM, HAS_LEN)
 
-        if STORE_SOUT:  # the state after frame length - 1, written by the tile that holds that frame
+        if STORE_SOUT and not SOUT64:  # the state after frame length - 1, by the tile that holds that frame
             if holds_end:
-                at_end = (offs_t == length - 1)[None, :]
-                ks = _pick(Kt + tl.zeros([SC, BLOCK_T], tl.float32), at_end).to(tl.float64)
-                if SOUT64:  # the frames' own statistics (ow, om, oq) merged into the state in float64
-                    w64, m64, q64 = _state_out(sin_ptr, s_off, s_ok, NS, ow, om.to(tl.float64) + ks, oq, length,
-                                               log2d)
-                else:
-                    w64, m64, q64 = _pick(sw, at_end), _pick(sm, at_end).to(tl.float64) + ks, _pick(sq, at_end)
-                tl.store(sout_ptr + s_off, w64.to(tl.float64), mask=s_ok)
-                tl.store(sout_ptr + NS + s_off, m64, mask=s_ok)
-                # M2 = Q - S mu may round below 0: the next call refuses a negative state.m2
-                tl.store(sout_ptr + 2 * NS + s_off, _at_least(q64.to(tl.float64), 0.0), mask=s_ok)
+                at = (offs_t == length - 1)[None, :]
+                _store_state(sout_ptr, s_off, s_ok, NS, _pick(sw, at),
+                             _pick(sm, at).to(tl.float64) + _pick(Kt + tl.zeros([SC, BLOCK_T], tl.float32), at),
+                             _pick(sq, at))
+
+    if SOUT64:  # the frames' own statistics at length - 1 merged into the incoming state in float64: by the
+        # program that walked that frame's tile, which it reads again (once a sequence: not in the walk's loop,
+        # where it took per-channel walks from 112 to 137 registers)
+        it_e = (length - 1) // BLOCK_T
+        if (length > 0) & (it_e >= it0) & (it_e < it0 + n_walk):
+            t0 = it_e * BLOCK_T
+            offs_t = t0 + tl.arange(0, BLOCK_T)
+            m_t = (offs_t < T) & (offs_t < length)
+            px = xb + offs_t.to(tl.int64)[None, :] * sxt
+            xk, msk = _load(px, sxc, 0, offs_c, C, m_t, K, AGAIN)
+            sw, sm, sq = _tile_frames(xk, msk, px, sxc, offs_c, C, m_t, K, CL, BLOCK_C, POOL_ALL, 1)
+            ow, om, oq = _own_end(_frame_weight(sw, m_t, POOL_ALL), sm, sq, ew, em, eq, length - 1 - t0, log2d,
+                                  BLOCK_T)
+            w64, m64, q64 = _state_out(sin_ptr, s_off, s_ok, NS, ow, om.to(tl.float64) + tl.sum(K, axis=1), oq,
+                                       length, log2d)
+            _store_state(sout_ptr, s_off, s_ok, NS, w64, m64, q64)
 
 
 @triton.jit
