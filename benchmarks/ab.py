@@ -5,7 +5,8 @@
     PYTHONPATH=. python benchmarks/ab.py --kernels /tmp/k_2b6bb84.py --procs 4 \
         cln:16,512,16000:fp32:bct cln:16,512,16000:fp32:btc
 
-A case is norm:B,C,T:dtype:layout (layout bct or btc). Every variant runs under the working tree's
+A case is norm:B,C,T:dtype:layout (layout bct or btc), with :state after it to time a streaming call (a
+causal norm with an incoming state, returning the outgoing one). Every variant runs under the working tree's
 launcher; a variant may force tiles as ``launch.tile_size`` does, after an @ (``tree@block_c=64,block_t=64``
 or ``/tmp/k.py@warps=8``). An older kernels.py may lack constexprs that the launcher passes (LONE, STAGES,
 WALK_STAGES): they are dropped where that leaves the launch as it was, and a pipelined default must be forced
@@ -32,8 +33,12 @@ TREE = "tree"  # the working tree's kernels
 
 
 def parse_case(text):
-    name, shape, dtype, layout = text.split(":")
-    return name, tuple(int(v) for v in shape.split(",")), dtype, {"bct": "b c t", "btc": "b t c"}[layout]
+    """(norm, shape, dtype, layout, whether it streams a state)."""
+    name, shape, dtype, layout, *state = text.split(":")
+    if state not in ([], ["state"]):
+        raise ValueError(f"a case ends in its layout or in :state, got {text!r}")
+    return (name, tuple(int(v) for v in shape.split(",")), dtype, {"bct": "b c t", "btc": "b t c"}[layout],
+            bool(state))
 
 
 def _load_kernels(path):
@@ -106,7 +111,7 @@ def _time_cases(cases, dry):
             return do_bench(fn, warmup=5, rep=40, return_mode="median") * 1e-3
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
     for text in cases:
-        name, shape, dtype, layout = parse_case(text)
+        name, shape, dtype, layout, streams = parse_case(text)
         spec = normlib.get(name).spec
         g = torch.Generator(device="cpu").manual_seed(0)
         x = torch.randn(*shape, generator=g).to(device=device, dtype=dtypes[dtype])
@@ -114,14 +119,21 @@ def _time_cases(cases, dry):
         if layout == "b t c":
             x, gy = x.transpose(1, 2).contiguous(), gy.transpose(1, 2).contiguous()
         xg = x.clone().requires_grad_()
+        kw = dict(layout=layout, backend="triton")
+        if streams:  # the state after the sequence itself, fed back in: the outgoing one is returned too
+            kw.update(state=normlib.functional.norm(spec, x, return_state=True, **kw)[1], return_state=True)
+
+        def call(t):
+            out = normlib.functional.norm(spec, t, **kw)
+            return out[0] if streams else out
         torch.use_deterministic_algorithms(True)  # a fixed look-back grouping: bits comparable across runs
-        y = normlib.functional.norm(spec, xg, layout=layout, backend="triton")
+        y = call(xg)
         (dx,) = torch.autograd.grad(y, (xg,), gy)
         bits = [int(t.detach().float().contiguous().view(torch.int32).to(torch.int64).sum()) for t in (y, dx)]
         torch.use_deterministic_algorithms(False)
-        y = normlib.functional.norm(spec, xg, layout=layout, backend="triton")
+        y = call(xg)
         with torch.no_grad():
-            fwd = bench(lambda: normlib.functional.norm(spec, x, layout=layout, backend="triton"))
+            fwd = bench(lambda: call(x))
         bwd = bench(lambda: torch.autograd.grad(y, (xg,), gy, retain_graph=True))
         copy = bench(lambda: x.clone())
         print(json.dumps(dict(case=text, fwd=fwd, bwd=bwd, copy=copy, bits=bits)), flush=True)

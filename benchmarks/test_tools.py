@@ -1,4 +1,6 @@
 """The GPU-free parts of the benchmark tools, so that a launcher change cannot break them unseen."""
+import pytest
+
 import compile_check
 
 
@@ -32,7 +34,8 @@ def test_compile_check_layer_flags_are_a_training_step():
 
 def test_ab_runs_each_variant_in_its_own_process_and_compares_bits():
     """ab.py's plumbing, untimed on the CPU (Triton's interpreter): the working tree against a copy of its
-    own kernels gives the same bits; a kernels file whose statistics differ is flagged."""
+    own kernels gives the same bits; a kernels file whose statistics differ is flagged. A streaming case
+    (":state") runs too."""
     import os
     import subprocess
     import sys
@@ -49,11 +52,23 @@ def test_ab_runs_each_variant_in_its_own_process_and_compares_bits():
         assert text.count(shift) == 1, "_shift's form changed: alter the kernels file another way"
         open(other, "w").write(text.replace(shift, "(ks / C + 0.5).to(tl.float32)"))
         out = subprocess.run([sys.executable, os.path.join(here, "ab.py"), "--dry", "--procs", "1", "--kernels", same,
-                              "--kernels", other, "cln:2,5,9:fp32:bct"], env=dict(os.environ, TRITON_INTERPRET="1"),
-                             capture_output=True, text=True, check=True).stdout
-    (line,) = out.splitlines()
+                              "--kernels", other, "cln:2,5,9:fp32:bct", "ccemaln:2,5,9:fp32:btc:state"],
+                             env=dict(os.environ, TRITON_INTERPRET="1"), capture_output=True, text=True,
+                             check=True).stdout
+    line, streaming = out.splitlines()
     tree, s, o = line.split(" | ")
     assert line.startswith("cln:2,5,9:fp32:bct: tree:") and "other bits" not in tree + s and "other bits" in o
+    tree, s, _o = streaming.split(" | ")
+    assert streaming.startswith("ccemaln:2,5,9:fp32:btc:state: tree:") and "other bits" not in tree + s
+
+
+def test_ab_cases_end_in_a_layout_or_state():
+    import ab
+
+    assert ab.parse_case("cln:1,2,3:bf16:btc:state") == ("cln", (1, 2, 3), "bf16", "b t c", True)
+    assert ab.parse_case("cln:1,2,3:bf16:bct")[4] is False
+    with pytest.raises(ValueError, match="a case ends in its layout or in :state"):
+        ab.parse_case("cln:1,2,3:bf16:bct:stat")
 
 
 def test_ab_variant_forces_tiles():
