@@ -31,6 +31,9 @@ def main():
     forced = use_variant(a.kernels)
     with launch.tile_size(block_c=a.block_c, block_t=a.block_t, warps=a.warps, window=a.window), \
             launch.tile_size(**forced):
+        tiles = launch.tiles_for(x if a.layout == "b c t" else x.transpose(1, 2), spec.per_channel,
+                                 spec.resolve_decay(None))
+        print(f"tiles {tiles}" + (f" bwd {launch.backward_tiles(tiles)}" if a.bwd else ""), flush=True)
         for _ in range(a.calls):
             if a.bwd:
                 xg = x.detach().requires_grad_()
