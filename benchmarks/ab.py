@@ -50,7 +50,7 @@ def _load_kernels(path):
 
 # constexprs the launcher passes that older kernels may not take, with the value that means "as before" (a
 # ccemaln row against a kernels.py before EMA32: force @ema32=0)
-NEWER = {"LONE": None, "STAGES": 1, "WALK_STAGES": 1, "EMA32": False}
+NEWER = {"LONE": None, "STAGES": 1, "WALK_STAGES": 1, "EMA32": False, "log2d_lo": None}
 
 
 class _Older:

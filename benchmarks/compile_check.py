@@ -124,7 +124,7 @@ def compile_one(args, maxnreg=0):
             t = PTR[n]
             sig[n] = {"X": f"*{dt}", "WS": "*fp32" if phase1 or const.get("PHASE") == 2 else "*i64"}.get(t, t)
             attrs[(i,)] = [["tt.divisibility", 16]]
-        elif n in ("log2d", "eps", "log2d_span"):
+        elif n in ("log2d", "eps", "log2d_span", "log2d_lo"):
             sig[n] = "fp32"
         elif ints[n] == 1:
             sig[n], c[n] = "constexpr", 1

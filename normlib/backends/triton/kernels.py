@@ -502,13 +502,16 @@ def _store_state(sout_ptr, s_off, s_ok, NS, w, m, q):
 
 
 @triton.jit
-def _state_out(sin_ptr, s_off, s_ok, NS, ow, om, oq, length, log2d):
+def _state_out(sin_ptr, s_off, s_ok, NS, ow, om, oq, length, log2d, log2d_lo):
     """The outgoing state in float64, [SC] each: the incoming state merged with the summary (ow, om, oq) of the
     frames 0 .. length - 1 alone (om a float64 mean, shift added back). A float32 merge rounded the state each
-    call, which an EMA keeps for 1 / (1 - d) calls: emaln at d = 0.999 in one-frame chunks was 1e-5 off."""
+    call, which an EMA keeps for 1 / (1 - d) calls: emaln at d = 0.999 in one-frame chunks was 1e-5 off.
+    d^length takes log2(d) as its float32 value plus log2d_lo, the rest: a CUDA launch passes a float as
+    float32, whose rounding put d^length 5e-10 off at 12 frames, the same way on every call."""
+    l2d = (tl.zeros_like(ow) + log2d).to(tl.float64) + log2d_lo  # float32 in the interpreter too
     w, m, q, _d = merge(tl.load(sin_ptr + s_off, mask=s_ok, other=0.0), tl.load(sin_ptr + NS + s_off, mask=s_ok,
                         other=0.0), tl.load(sin_ptr + 2 * NS + s_off, mask=s_ok, other=0.0), 1.0,
-                        ow.to(tl.float64), om, oq.to(tl.float64), tl.exp2((tl.zeros_like(om) + log2d) * length))
+                        ow.to(tl.float64), om, oq.to(tl.float64), tl.exp2(l2d * length))
     return w, m, q
 
 
@@ -855,6 +858,7 @@ def running_norm_fwd(
     sxb, sxc, sxt, syb, syc, syt,
     B, C, T, NCB, NT, NSPAN,
     log2d, eps,
+    log2d_lo,  # log2(decay) less its float32 value: _state_out's d^length in float64
     POOL_ALL: tl.constexpr, MODE: tl.constexpr, PHASE: tl.constexpr,
     HAS_W: tl.constexpr, HAS_B: tl.constexpr, HAS_LEN: tl.constexpr, HAS_SIN: tl.constexpr,
     STORE_SOUT: tl.constexpr, STORE_PREFIX: tl.constexpr, EPS_OUTSIDE: tl.constexpr,
@@ -1064,7 +1068,7 @@ def running_norm_fwd(
             ow, om, oq = _own_end(_frame_weight(sw, m_t, POOL_ALL), sm, sq, ew, em, eq, length - 1 - t0, log2d,
                                   BLOCK_T)
             w64, m64, q64 = _state_out(sin_ptr, s_off, s_ok, NS, ow, om.to(tl.float64) + tl.sum(K, axis=1), oq,
-                                       length, log2d)
+                                       length, log2d, log2d_lo)
             _store_state(sout_ptr, s_off, s_ok, NS, w64, m64, q64)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import struct
 import sys
 import types
 from typing import NamedTuple
@@ -471,6 +472,10 @@ def _workspace(device, n_words):
     return ws, ctr
 
 
+def _f32(v: float) -> float:
+    return struct.unpack("f", struct.pack("f", v))[0]
+
+
 def _stream_key(device) -> int:
     return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
 
@@ -597,10 +602,10 @@ def forward(x, weight, bias, lengths, sin, *, per_channel, decay, eps, eps_outsi
                 stages=tiles[17], walk_stages=tiles[19], x_ptr=x, y_ptr=y,
                 w_ptr=_or(weight, y), b_ptr=_or(bias, y), len_ptr=_or(lengths, y), sin_ptr=_or(sin, y),
                 sout_ptr=_or(sout, y), pre_ptr=_or(pre, y), sxb=x.stride(0), sxc=x.stride(1), sxt=x.stride(2),
-                syb=y.stride(0), syc=y.stride(1), syt=y.stride(2), eps=eps, HAS_W=weight is not None,
-                HAS_B=bias is not None, HAS_LEN=lengths is not None, HAS_SIN=sin is not None,
-                STORE_SOUT=sout is not None, STORE_PREFIX=pre is not None, EPS_OUTSIDE=eps_outside,
-                **vec_for(x.shape, (x.stride(), y.stride())))
+                syb=y.stride(0), syc=y.stride(1), syt=y.stride(2), eps=eps, log2d_lo=p.log2d - _f32(p.log2d),
+                HAS_W=weight is not None, HAS_B=bias is not None, HAS_LEN=lengths is not None,
+                HAS_SIN=sin is not None, STORE_SOUT=sout is not None, STORE_PREFIX=pre is not None,
+                EPS_OUTSIDE=eps_outside, **vec_for(x.shape, (x.stride(), y.stride())))
     else:
         y.zero_()
     return y, sout, pre
