@@ -277,12 +277,13 @@ def test_span_scan_gradients(name, layout, monkeypatch):
     """span_scan, forced from 2 segments in blocks of 2: segments of 3 tiles of 2 frames, the last of one
     (4 segments: blocks of 2 and 1), and of 2 tiles of 1 frame (10 segments: 5 blocks, the last partial), so
     a segment's decay spans several tiles; blocks of 8 channels, which a per-channel scan covers with 2
-    programs. Lengths, an incoming state and a loss on the returned state, against float64."""
+    programs of 4 statistics, or 8 of one (the launcher's choice where the first leaves SMs idle). Lengths,
+    an incoming state and a loss on the returned state, against float64."""
     monkeypatch.setattr(launch, "SCAN_SPANS", 1)
     monkeypatch.setattr(launch, "SCAN_ROWS", 2)
     x, w, b, kw = _walk_case(name, layout)
     want = gradients(name, x, w, b, eps_for(name), oracle=True, **kw)
-    for tiles in (dict(block_t=2, span=3), dict(block_t=1, span=2)):
+    for tiles in (dict(block_t=2, span=3), dict(block_t=1, span=2), dict(block_t=1, span=2, scan_block=1)):
         with tile_size(window=2, block_c=8, strip=2, **tiles):
             got = gradients(name, x, w, b, eps_for(name), **kw)
         check_gradients(got, want, F32)
