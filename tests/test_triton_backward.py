@@ -21,7 +21,7 @@ import normlib
 from normlib import backends
 from normlib.backends.triton import launch, tile_size
 from conftest import (padding_mask, NORMS, SPECS, TOL, assert_rel, assert_state_close, make_affine, make_lengths,
-                      make_state, make_x, ref, state_shape)
+                      make_state, make_x, ref, rel_err, state_shape)
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 F32, F16 = torch.float32, torch.float16
@@ -86,10 +86,10 @@ def cotangents(name, x, B, C, with_state, seed=7):
 
 
 def gradients(name, x, weight=None, bias=None, eps=1e-8, *, state=None, gy, gs=None, oracle=False,
-              requires=("x", "weight", "bias", "state"), **kw):
+              requires=("x", "weight", "bias", "state"), backend="triton", **kw):
     """{input: dL/dinput} for L = sum(y * gy) (+ sum over the returned state's fields of field * gs[i]).
 
-    The Triton backend's (through the public functional API), or, with ``oracle``, torch.autograd's
+    The Triton backend's (or ``backend``'s, through the public functional API), or, with ``oracle``, torch.autograd's
     through the float64 reference on float64 copies. ``requires`` names the inputs that require grad;
     an input that got no gradient (None) comes back as zeros. ``kw``: layout, lengths, eps_mode, decay.
     """
@@ -108,7 +108,7 @@ def gradients(name, x, weight=None, bias=None, eps=1e-8, *, state=None, gy, gs=N
         out = ref(name, x, w, b, eps, **kw)
     else:
         kw["lengths"] = dev(kw.get("lengths"))
-        out = getattr(normlib.functional, name)(x, w, b, eps, backend="triton", **kw)
+        out = getattr(normlib.functional, name)(x, w, b, eps, backend=backend, **kw)
     y, s = out if gs is not None else (out, None)
     loss = (y * (gy.to(torch.float64) if oracle else dev(gy))).sum()
     if gs is not None:
@@ -1118,25 +1118,30 @@ def test_a_heavy_state_that_fades_keeps_frame_0s_shift(name):
 
 
 @pytest.mark.parametrize("name, decay, T, bt", [
-    pytest.param("emaln", 0.3, 12, 4, id="emaln-d0.3"), pytest.param("ccemaln", 0.3, 12, 4, id="ccemaln-d0.3"),
-    pytest.param("emaln", 0.97, 320, 32, id="emaln-d0.97"),
-    pytest.param("ccemaln", 0.97, 320, 32, id="ccemaln-d0.97-ema32")])
+    pytest.param("emaln", 0.3, 40, 8, id="emaln-d0.3"), pytest.param("ccemaln", 0.3, 40, 8, id="ccemaln-d0.3"),
+    pytest.param("ccemaln", 0.8, 120, 4, id="ccemaln-d0.8-ema32")])
 def test_a_heavy_far_state_that_fades_within_the_chunk_gets_its_mean_gradient(name, decay, T, bt):
-    """An EMA state of a million frames' weight, 1624 from the data, that fades within the chunk: frame 0's
+    """An EMA state of millions of frames' weight, 1e4 from the data, that fades within the chunk: frame 0's
     shift stays, and early frames' means sit near the state's mean. dL/dm_in weighs each frame's m_in - mu_t
-    by w_in d^(t+1), and m_in - mu_t comes from two float32 values near 1624: here within 3e-6 of float64
-    (a fuzz found rarer inputs where it is not: RESULTS.md, twenty-seventh session). Both the float64 sums
-    and EMA32's float32 ones (d = 0.97), look-back tiles and strips."""
+    by w_in d^(t+1); taken from two float32 means near 1e4 apart, it was 37 times its size off (emaln) and
+    33 % (ccemaln). The backward now takes m_in - mu_t from the frames' own prefix (saved without the state)
+    and sums. dL/dm_in is a sum that cancels, so the bound is the PyTorch backend's own float32 error.
+    Float64 sums (d = 0.3) and EMA32's float32 ones (d = 0.8), look-back tiles and strips."""
     B, C = 2, 3
     g = torch.Generator().manual_seed(9)
     x = make_x(B, C, T, generator=g)
     shape = state_shape(name, B, C)
     n0 = 1 if SPECS[name].per_channel else C
-    w_in = torch.full(shape, 1.9e6 * n0, dtype=SD)
-    state = normlib.NormState(w_in, 1624.0 + torch.randn(shape, generator=g, dtype=SD), w_in * 0.7)
+    w_in = torch.full(shape, 6e6 * n0, dtype=SD)
+    state = normlib.NormState(w_in, 1e4 + torch.randn(shape, generator=g, dtype=SD), w_in * 1e-2)
     gy, gs = cotangents(name, x, B, C, True)
-    kw = dict(state=state, gy=gy, gs=gs, decay=decay)
+    kw = dict(state=state, gy=gy, gs=gs, decay=decay, requires=("x", "state"))
+    want = gradients(name, x, oracle=True, **kw)
+    on_torch = rel_err(gradients(name, x, backend="torch", **kw)["state.m"], want["state.m"])
     for strip in (False, True):
         with tile_size(block_t=bt, window=2, block_c=4, strip=strip, bwd_strip=strip):
-            got = gradients(name, x, requires=("x", "state"), **kw)
-        check_gradients(got, gradients(name, x, requires=("x", "state"), oracle=True, **kw), F32, f"{name} {strip}")
+            got = gradients(name, x, **kw)
+        err = rel_err(got["state.m"], want["state.m"])
+        assert err <= max(4 * on_torch, 1e-5), f"{name} strip={strip}: dL/dm_in {err:.1e}, torch {on_torch:.1e}"
+        del got["state.m"]
+        check_gradients(got, {k: v for k, v in want.items() if k != "state.m"}, F32, f"{name} {strip}")

@@ -686,7 +686,7 @@ def _chan_frames(x, n, nv, pw, pm, pq, first, log2d, LIGHT: tl.constexpr, BLOCK_
     a = s1 * rw
     m2 = _at_least(c + s2 - s1 * a, 0.0)
     am = a1 / tl.where(aw > 0, aw, 1.0)
-    return w, s[:, None] + a, m2, m2 * rw, rw, aw, s + am, _at_least(a2 - a1 * am, 0.0)
+    return w, s[:, None] + a, m2, m2 * rw, rw, aw, s + am, _at_least(a2 - a1 * am, 0.0), s, a
 
 
 @triton.jit
@@ -852,7 +852,7 @@ def running_norm_fwd(
     len_ptr,  # [B] int64 lengths
     sin_ptr,  # [3, B, C or 1] float64 incoming state (w, m, M2)
     sout_ptr,  # [3, B, C or 1] float64 outgoing state
-    pre_ptr,  # [B * NCB, NT, 3, SC] float32: each tile's incoming prefix (GLOBAL: the totals, at tile 0)
+    pre_ptr,  # [B * NCB, NT, 3, SC] float32: each tile's incoming prefix of the frames alone (GLOBAL: the totals)
     ws_ptr,  # int64 look-back records [B * NCB, NT, 6, SC], or float32 GLOBAL span summaries
     ctr_ptr,  # [1] int64 ticket counter (epoch << 32 | ticket)
     sxb, sxc, sxt, syb, syc, syt,
@@ -1012,22 +1012,23 @@ def running_norm_fwd(
                 fn, nv = _frame_weight(sw, m_t, POOL_ALL), _valid_frames(t0, T, length, BLOCK_T)
                 if WALK_CHAN:
                     fw_, fm_, fq_ = _with_state(cw, cm, cq, iw, im, iq, t0, log2d, HAS_SIN)
-                    kw_, km_, kq_, kvar, _r, aw, am, aq = _chan_frames(sm, fn, nv, fw_, fm_, fq_, t0 == 0, log2d,
-                                                                       HAS_SIN, BLOCK_T, SC, MODE)
+                    kw_, km_, kq_, kvar, _r, aw, am, aq, _s, _a = _chan_frames(sm, fn, nv, fw_, fm_, fq_, t0 == 0,
+                                                                               log2d, HAS_SIN, BLOCK_T, SC, MODE)
                 else:
                     lw, l1, l2, D, L, aw, am, aq = _local_sums(fn, sm, sq, log2d, nv, BLOCK_T, SC, POOL_ALL, MODE)
                 pw, pm, pq, cw, cm, cq = _prefix(ws_ptr, rec0, it, tag, cw, cm, cq, aw, am, aq, d_tile, offs_s,
                                                  SC, WINDOW, AGG_ONLY, DETERMINISTIC, False, STRIP)
                 if SOUT64:  # the prefix of the frames alone before the outgoing state's frame: _state_out
                     ew, em, eq = tl.where(holds_end, pw, ew), tl.where(holds_end, pm, em), tl.where(holds_end, pq, eq)
+                if STORE_PREFIX:  # the frames alone: the backward merges the state in, and takes dL/dm_in's
+                    # m_in - mu_t from the frames' own sums
+                    tl.store(ppre, pw)
+                    tl.store(ppre + SC, pm)
+                    tl.store(ppre + 2 * SC, pq)
                 if WALK_CHAN:
                     pw, pm, pq = fw_, fm_, fq_
                 else:
                     pw, pm, pq = _with_state(pw, pm, pq, iw, im, iq, t0, log2d, HAS_SIN)
-                if STORE_PREFIX:
-                    tl.store(ppre, pw)
-                    tl.store(ppre + SC, pm)
-                    tl.store(ppre + 2 * SC, pq)
                 if WALK_CHAN:
                     sw, sm, sq, var = kw_, km_, kq_, kvar
                 else:
@@ -1118,6 +1119,12 @@ def running_norm_bwd(
     K = _shift(x_ptr, b64, sxb, sxc, offs_c, C, length, sin_ptr, s_off, s_ok, NS, log2d, BLOCK_C, POOL_ALL, MODE,
                HAS_SIN)
     ppre = pre_ptr + seq.to(tl.int64) * NT * (3 * SC) + offs_s
+    iw = tl.zeros([SC], dtype=tl.float32)
+    im, iq = iw, iw
+    if HAS_SIN:  # as the forward: the tiles' saved prefixes hold the frames alone
+        iw = tl.load(sin_ptr + s_off, mask=s_ok, other=0.0).to(tl.float32)
+        im = _state_mean(sin_ptr, s_off, s_ok, NS, K)
+        iq = tl.load(sin_ptr + 2 * NS + s_off, mask=s_ok, other=0.0).to(tl.float32)
 
     if MODE == 3:  # GLOBAL: the sequence's statistics, saved by the forward at tile 0
         gw_ = tl.load(ppre)
@@ -1248,19 +1255,29 @@ def running_norm_bwd(
                 A = A + ca
                 sw, sm, sq = nw, nm, nq
             fm = sm  # each frame's own mean
-            if MODE != 0 and (CHAN or EMA32):  # the saved prefix is known first: _chan_frames
+            if MODE != 0:  # the frames' prefix, and with the state merged in as the forward did
                 ppt = ppre + it.to(tl.int64) * (3 * SC)
-                sw, sm, sq, var, rW, _w, _a, _b = _chan_frames(sm, _frame_weight(sw, m_t, POOL_ALL),
-                                                               _valid_frames(t0, T, length, BLOCK_T), tl.load(ppt),
-                                                               tl.load(ppt + SC), tl.load(ppt + 2 * SC),
-                                                               t0 == 0, log2d, HAS_SIN, BLOCK_T, SC, MODE)
+                fw0, fm0, fq0 = tl.load(ppt), tl.load(ppt + SC), tl.load(ppt + 2 * SC)
+                pw0, pm0, pq0 = _with_state(fw0, fm0, fq0, iw, im, iq, t0, log2d, HAS_SIN)
+            if MODE != 0 and (CHAN or EMA32):  # the saved prefix is known first: _chan_frames
+                sw, sm, sq, var, rW, _w, _a, _b, s0, a0 = _chan_frames(sm, _frame_weight(sw, m_t, POOL_ALL),
+                                                                       _valid_frames(t0, T, length, BLOCK_T), pw0,
+                                                                       pm0, pq0, t0 == 0, log2d, HAS_SIN, BLOCK_T,
+                                                                       SC, MODE)
+                if HAS_SIN:  # m_in - mu_t = (m_in - s) - a: m_in - s from the frames' prefix, which the merged
+                    # one's float32 mean had rounded by as much as the state's distance from the data
+                    ds = tl.where(s0 == 0.0, im, fw0 * (im - fm0) / tl.where(pw0 > 0, pw0, 1.0))
+                    dm_in = ds[:, None] - a0
             elif MODE != 0:
                 lw, l1, l2, D, L, _w, _a, _b = _local_sums(_frame_weight(sw, m_t, POOL_ALL), sm, sq, log2d,
                                                         _valid_frames(t0, T, length, BLOCK_T), BLOCK_T,
                                                         SC, POOL_ALL, MODE)
-                ppt = ppre + it.to(tl.int64) * (3 * SC)
-                sw, sm, sq, var, rW = _with_prefix(lw, l1, l2, D, L, tl.load(ppt), tl.load(ppt + SC),
-                                                   tl.load(ppt + 2 * SC), CHAN)
+                sw, sm, sq, var, rW = _with_prefix(lw, l1, l2, D, L, pw0, pm0, pq0, CHAN)
+                if HAS_SIN:  # m_in - mu_t = (W_f m_in - S1_f) / W from the frames' own sums, in float64
+                    wf = lw + fw0.to(tl.float64)[:, None] * D
+                    s1f = l1 + (fw0.to(tl.float64) * fm0.to(tl.float64))[:, None] * D
+                    ws = (iw * tl.exp2(log2d * t0.to(tl.float32))).to(tl.float64)[:, None] * D
+                    dm_in = ((wf * im.to(tl.float64)[:, None] - s1f) / (wf + ws)).to(tl.float32)
             else:
                 rW = 1.0 / tl.where(sw > 0, sw, 1.0)
                 var = sq * rW
@@ -1284,7 +1301,7 @@ def running_norm_bwd(
             R += tl.where(at, 2.0 * gso_q, 0.0)
         if HAS_SIN:  # dL/dm_in = w_in d sum_t d^t Z_t: U + m_in V, but without U's terms R mean, which
             # cancel against m_in V when the means stay near m_in far from K (a fading EMA state)
-            Z = P + R * (_state_mean(sin_ptr, s_off, s_ok, NS, K)[:, None] - mean)
+            Z = P + R * dm_in
         valid_t = m_t[None, :]
         U = tl.where(valid_t, P - R * mean, 0.0)
         V = tl.where(valid_t, R, 0.0)
