@@ -1277,7 +1277,8 @@ def running_norm_bwd(
                     wf = lw + fw0.to(tl.float64)[:, None] * D
                     s1f = l1 + (fw0.to(tl.float64) * fm0.to(tl.float64))[:, None] * D
                     ws = (iw * tl.exp2(log2d * t0.to(tl.float32))).to(tl.float64)[:, None] * D
-                    dm_in = ((wf * im.to(tl.float64)[:, None] - s1f) / (wf + ws)).to(tl.float32)
+                    w64 = wf + ws  # 0 in channels past C and frames of no weight: 0, not 0 / 0
+                    dm_in = ((wf * im.to(tl.float64)[:, None] - s1f) / tl.where(w64 > 0, w64, 1.0)).to(tl.float32)
             else:
                 rW = 1.0 / tl.where(sw > 0, sw, 1.0)
                 var = sq * rW
