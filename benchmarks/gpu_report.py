@@ -556,7 +556,8 @@ def graph_targets(rows, compiled=()):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--commit", default=os.environ.get("NORMLIB_COMMIT", "unknown"))
-    p.add_argument("--out", default=os.environ.get("OUT", "."))
+    out = os.environ.get("OUT", os.path.join(os.path.dirname(os.path.abspath(__file__)), "out"))  # git-ignored
+    p.add_argument("--out", default=out)
     p.add_argument("--quick", action="store_true")
     p.add_argument("--stages", default="checks,eager,compile",
                    help="any of checks (= fwdchecks,gradchecks), fwdchecks, gradchecks (with opchecks), "

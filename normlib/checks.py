@@ -7,23 +7,15 @@ from typing import NamedTuple
 
 import torch
 
-from .spec import NormSpec, _check_decay, _real
+from .backends import NAMES
+from .spec import NormSpec, _check_decay, _real, normalize_layout
 from .state import NormState
 
-LAYOUTS = ("b c t", "b t c")
 EPS_MODES = ("inside", "outside")
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 STATE_DTYPE = torch.float64  # states keep the mean in float64 so chunking loses no digits to a DC offset
-
-
-def normalize_layout(layout: str) -> str:
-    key = " ".join(str(layout).replace(",", " ").split()).lower()
-    key = {"bct": "b c t", "btc": "b t c"}.get(key.replace(" ", ""), key)
-    if key not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    return key
 
 
 class Checked(NamedTuple):
@@ -65,8 +57,6 @@ def check_options(spec: NormSpec, eps, eps_mode, decay, layout, backend):
 
 
 def _check_options(spec: NormSpec, eps, eps_mode, decay, layout, backend):
-    from .backends import NAMES
-
     if not isinstance(spec, NormSpec):
         what = spec.__name__ if isinstance(spec, type) else type(spec).__name__ if isinstance(spec, torch.nn.Module) \
             else repr(spec)

@@ -5,6 +5,7 @@ import torch
 
 from . import backends
 from .checks import check_inputs, check_num_channels
+from .names import lookup
 from .spec import FAMILY, NormSpec
 
 
@@ -14,9 +15,7 @@ def norm(spec: NormSpec, x: torch.Tensor, weight=None, bias=None, eps: float = 1
     """Normalize ``x`` with the norm ``spec`` (a NormSpec or a registered name); returns ``y``, or
     ``(y, state)`` with ``return_state``."""
     if isinstance(spec, str):
-        from .registry import get
-
-        spec = get(spec)
+        spec = lookup(spec)
     if isinstance(spec, type):  # a layer class: its spec (not a layer, whose own settings would be dropped)
         spec = getattr(spec, "spec", spec)
     if num_channels is not None:

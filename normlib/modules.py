@@ -8,6 +8,7 @@ from torch import nn
 
 from .checks import check_flag, check_num_channels, check_options
 from .functional import norm
+from .names import lookup
 from .spec import FAMILY, NormSpec, TimeMode
 
 
@@ -109,10 +110,8 @@ def layer_class(spec: NormSpec) -> type[NormLayer]:
 def _rebuild(spec: NormSpec) -> NormLayer:
     """An empty layer of ``spec`` for pickle to fill: the registered class where its spec is this one (so a
     copy in the same process has the original's class), else a class made from the spec."""
-    from .registry import _LAYERS, resolve_name
-
     try:
-        cls = _LAYERS[resolve_name(spec.name)]
+        cls = lookup(spec.name)
     except (KeyError, ValueError):
         cls = None
     if getattr(cls, "spec", None) != spec:

@@ -13,6 +13,7 @@ import einops
 import torch
 from torch import Tensor
 
+from .spec import normalize_layout
 from .state import NormState
 
 
@@ -58,8 +59,6 @@ def _in_layout(fn):
 
     @functools.wraps(fn)
     def in_layout(x, *args, layout="b c t", **kw):
-        from .checks import normalize_layout
-
         layout = normalize_layout(layout)
         out = fn(einops.rearrange(x, f"{layout} -> b c t"), *args, **kw)
         y, rest = (out[0], out[1:]) if isinstance(out, tuple) else (out, ())

@@ -1,4 +1,5 @@
-"""Names and aliases -> layer classes. Names are normalized: "cLN", "c_ln" and "cln" are one name."""
+"""The registry: register, get, create and list norms by name. Names are normalized ("cLN", "c_ln" and
+"cln" are one name); the table itself is ``names.py``, which the layers below can read."""
 from __future__ import annotations
 
 import functools
@@ -6,15 +7,9 @@ import functools
 from torch import nn
 
 from .modules import _CLASSES, _unregistered_class, layer_class
+from .names import ALIASES as _ALIASES, DESCRIPTIONS as _DESCRIPTIONS, LAYERS as _LAYERS
+from .names import normalize_name, resolve_name
 from .spec import FAMILY, NormSpec
-
-_LAYERS: dict[str, type] = {}
-_DESCRIPTIONS: dict[str, str] = {}
-_ALIASES: dict[str, str] = {}
-
-
-def normalize_name(name: str) -> str:
-    return "".join(ch for ch in str(name).lower() if ch.isalnum())
 
 
 def register(name: str, target=None, *, aliases=(), description: str | None = None, overwrite=False):
@@ -53,16 +48,6 @@ def register(name: str, target=None, *, aliases=(), description: str | None = No
     for a in alias_keys:
         _ALIASES[a] = key
     return cls
-
-
-def resolve_name(name: str) -> str:
-    key = normalize_name(name)
-    key = _ALIASES.get(key, key)
-    if key not in _LAYERS:
-        known = ", ".join(sorted(_LAYERS))
-        alias = ", ".join(f"{a}->{k}" for a, k in sorted(_ALIASES.items()))
-        raise KeyError(f"unknown norm {name!r}; known norms: {known} (aliases: {alias})")
-    return key
 
 
 def get(name):

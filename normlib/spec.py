@@ -1,4 +1,4 @@
-"""The family: every norm is a point of (channels pooled) x (time mode) x (decay)."""
+"""The family: every norm is a point of (channels pooled) x (time mode) x (decay); and the two layouts."""
 from __future__ import annotations
 
 import enum
@@ -9,6 +9,18 @@ from dataclasses import dataclass
 class Pool(str, enum.Enum):
     ALL = "all"  # statistics over all C channels of a frame
     CHANNEL = "channel"  # statistics of each channel alone
+
+
+LAYOUTS = ("b c t", "b t c")  # (batch, channels, time) as Conv-TasNet; (batch, time, channels) channels last
+
+
+def normalize_layout(layout: str) -> str:
+    """ "b c t", "bct" and "B, C, T" are one layout."""
+    key = " ".join(str(layout).replace(",", " ").split()).lower()
+    key = {"bct": "b c t", "btc": "b t c"}.get(key.replace(" ", ""), key)
+    if key not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    return key
 
 
 class TimeMode(str, enum.Enum):
