@@ -22,9 +22,11 @@ demo: setup
 	$(PY) -m normlib demo
 
 # Without a GPU the Triton kernels run in Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1).
+# pytest-xdist spreads the tests over the cores; worksteal evens out the long interpreter tests.
+XDIST ?= -n auto --dist worksteal
 test: setup
-	$(PY) -m pytest -q tests
-	$(PY) -m pytest -q benchmarks --benchmark-disable
+	$(PY) -m pytest -q $(XDIST) tests
+	$(PY) -m pytest -q $(XDIST) benchmarks --benchmark-disable
 
 bench: setup
 	$(PY) -m pytest benchmarks

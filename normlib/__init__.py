@@ -1,5 +1,5 @@
 """normlib: causal normalization layers for (batch, channels, time) sequence models."""
-from . import functional, reference
+from . import functional, models, reference
 from .modules import (ChannelCumulativeLayerNorm, ChannelEMALayerNorm, CumulativeLayerNorm, EMALayerNorm,
                       FrameLayerNorm, GlobalLayerNorm, InstanceLayerNorm, NormLayer, layer_class)
 from .registry import aliases, available, create, get, register
@@ -8,7 +8,7 @@ from .state import NormState, merge
 
 __version__ = "0.1.0"
 __all__ = [
-    "get", "create", "register", "available", "aliases", "functional", "reference", "NormState", "merge",
+    "get", "create", "register", "available", "aliases", "functional", "models", "reference", "NormState", "merge",
     "NormSpec", "Pool", "TimeMode", "FAMILY", "NormLayer", "layer_class", "CumulativeLayerNorm",
     "ChannelCumulativeLayerNorm", "GlobalLayerNorm", "EMALayerNorm", "FrameLayerNorm", "InstanceLayerNorm",
     "ChannelEMALayerNorm",

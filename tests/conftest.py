@@ -16,6 +16,42 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
+
+
+def _patch_language_once_per_launch():
+    """Triton's interpreter patches ``triton.language`` for a launch's whole grid (``GridExecutor``), then
+    again, never undone, at every call of a ``@triton.jit`` helper inside it (``InterpretedFunction.__call__``,
+    triton 3.6 to 3.9): half of an interpreted kernel's time went to those repeats, which change nothing. A
+    helper's call inside a launch that patched the same language modules skips the repeat."""
+    try:
+        from triton import language as tl
+        from triton.runtime import interpreter as ti
+        real_patch, real_call = ti._patch_lang, ti.GridExecutor.__call__
+    except (ImportError, AttributeError):  # another triton: run it as it is
+        return
+    langs = lambda fn: frozenset(id(v) for v in fn.__globals__.values() if v is tl or v is tl.core)  # noqa: E731
+    patched = []  # per launch in progress: the language modules patched so far
+
+    def patch_lang(fn):
+        if patched and langs(fn) <= patched[-1]:
+            return None  # a helper's call: these are patched already, until the launch restores them
+        scope = real_patch(fn)
+        if patched:
+            patched[-1] |= langs(fn)
+        return scope
+
+    def launch(self, *args, **kwargs):
+        patched.append(frozenset())
+        try:
+            return real_call(self, *args, **kwargs)
+        finally:
+            patched.pop()
+
+    ti._patch_lang, ti.GridExecutor.__call__ = patch_lang, launch
+
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    _patch_language_once_per_launch()
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 import normlib  # noqa: E402

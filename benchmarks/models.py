@@ -1,0 +1,260 @@
+"""What a norm costs inside a model: the training step and the inference of the example models
+(``normlib.models``) with every norm choice, eager and compiled, fp32 and bf16 autocast, in one run.
+
+    PYTHONPATH=. python benchmarks/models.py                       # everything (CUDA: several minutes)
+    PYTHONPATH=. python benchmarks/models.py --modes eager --dtypes fp32 --norms none,formula,cln
+    PYTHONPATH=. python benchmarks/models.py --table benchmarks/out/models-*.jsonl   # merge runs' rows
+
+Norm choices: ``none`` (identity), ``native`` (``nn.GroupNorm(1, C)`` on "b c t", ``nn.LayerNorm(C)`` on
+"b t c"), ``formula`` (the sum/sumsq cumulative LN), a normlib name (backend "auto"), or ``name:torch``
+(normlib's PyTorch backend). Modes: ``eager``, ``compile`` (``torch.compile(model)``) and
+``reduce-overhead`` (``torch.compile(model, mode="reduce-overhead")``, CUDA graphs). A step is forward,
+MSE loss, backward and an Adam step; inference is a forward under ``no_grad``. Each figure is the median
+of timed repetitions after warm-up (which includes compilation). A configuration that raises is recorded
+with its error, not skipped. Rows (JSON lines) and a Markdown table go to ``--out`` (default
+``benchmarks/out/``, git-ignored).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import glob
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+import normlib
+from normlib.models import MODELS
+
+# (B, input shape without B) per model: Conv-TasNet on 4 s of 8 kHz audio (3999 frames of 512 channels),
+# the channels-last model on 4000 frames of 80 features
+SHAPES = {"conv_tasnet": (4, (32000,)), "channels_last_tcn": (4, (4000, 80))}
+SMALL = {"conv_tasnet": (dict(n_filters=32, hid_chan=32, bn_chan=16, skip_chan=16, n_blocks=2, n_repeats=1),
+                         (2, (800,))),
+         "channels_last_tcn": (dict(channels=32, n_blocks=2, in_features=8, out_features=8), (2, (100, 8)))}
+NORMS = ("none", "native", "formula", "cln", "cln:torch")
+MODES = ("eager", "compile", "reduce-overhead")
+DTYPES = ("fp32", "bf16")
+
+
+def build(model: str, norm: str, device, small=False):
+    """The model with ``norm`` in every norm slot (``name:backend`` picks a normlib backend)."""
+    name, _, backend = norm.partition(":")
+    kwargs = dict(SMALL[model][0]) if small else {}
+    if backend:
+        kwargs["backend"] = backend
+    torch.manual_seed(0)
+    return MODELS[model](name, **kwargs).to(device)
+
+
+def inputs(model: str, device, small=False):
+    B, shape = SMALL[model][1] if small else SHAPES[model]
+    g = torch.Generator(device="cpu").manual_seed(1)
+    return torch.randn((B, *shape), generator=g).to(device)
+
+
+class Runner:
+    """A model's step and inference in one mode and dtype; ``step()`` and ``infer()`` run one each."""
+
+    def __init__(self, model_name, norm, mode, dtype, device, small=False):
+        self.device, self.mode = device, mode
+        self.model = build(model_name, norm, device, small)
+        self.x = inputs(model_name, device, small)
+        with torch.no_grad():
+            self.target = torch.randn_like(self.model(self.x))
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-4)
+        self.autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == "bf16")
+        self.fwd = self.model if mode == "eager" else torch.compile(
+            self.model, mode="reduce-overhead" if mode == "reduce-overhead" else None,
+            backend="inductor" if device.type == "cuda" else "aot_eager")
+
+    def _mark(self):
+        if self.mode == "reduce-overhead":  # a new step: the CUDA graph may reuse last step's outputs
+            torch.compiler.cudagraph_mark_step_begin()
+
+    def step(self):
+        self._mark()
+        with self.autocast:
+            loss = torch.nn.functional.mse_loss(self.fwd(self.x).float(), self.target)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        self.opt.step()
+        return loss.detach()
+
+    def infer(self):
+        self._mark()
+        with torch.no_grad(), self.autocast:
+            return self.fwd(self.x).clone()
+
+
+def median_ms(fn, device, warmup=3, reps=15):
+    """The median of ``reps`` timed calls after ``warmup`` (compilation happens there)."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    for _ in range(warmup):
+        fn()
+    sync()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(times)
+
+
+def run_one(model, norm, mode, dtype, device, small=False, warmup=3, reps=15):
+    row = dict(model=model, norm=norm, mode=mode, dtype=dtype)
+    torch._dynamo.reset()
+    try:
+        r = Runner(model, norm, mode, dtype, device, small)
+        row["step_ms"] = median_ms(r.step, device, warmup, reps)
+        row["infer_ms"] = median_ms(r.infer, device, warmup, reps)
+    except Exception as e:  # recorded in the table: "fails" is a result
+        row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+    finally:
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return row
+
+
+def host_us(fn, n=200) -> float:
+    """The host's time of one call, µs, with the GPU's queue kept busy: the calls are issued behind a long
+    GPU sleep, so that what is timed is the host's path to the launches, not the kernels."""
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    torch.cuda._sleep(int(2e9))  # about a second of GPU time: longer than issuing the calls
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    t = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    return t / n * 1e6
+
+
+def host_rows(device, shape=(4, 512, 4000)) -> list[dict]:
+    """Host time of one eager layer call at ``shape`` fp32, forward under no_grad and forward + backward,
+    for a copy, ``nn.GroupNorm(1, C)`` and each normlib norm (backend "auto")."""
+    B, C, T = shape
+    x = torch.randn(shape, device=device)
+    gy = torch.randn_like(x)
+    layers = {"x.clone()": None, "nn.GroupNorm(1, C)": torch.nn.GroupNorm(1, C).to(device)}
+    layers.update({name: normlib.get(name)(C).to(device) for name in normlib.available()
+                   if getattr(normlib.get(name), "spec", None) is not None})
+    rows = []
+    for name, layer in layers.items():
+        if layer is None:
+            fwd, step = (lambda: x.clone()), None
+        else:
+            xg = x.detach().requires_grad_()
+            params = [xg, *layer.parameters()]
+            fwd = lambda layer=layer: layer(x)  # noqa: E731
+            step = lambda layer=layer, xg=xg, params=params: torch.autograd.grad(layer(xg), params, gy)  # noqa: E731
+        with torch.no_grad():
+            row = dict(layer=name, shape=list(shape), fwd_us=host_us(fwd))
+        if step is not None:
+            row["step_us"] = host_us(step)
+        rows.append(row)
+    return rows
+
+
+def host_table(rows) -> str:
+    shape = "x".join(map(str, rows[0]["shape"])) if rows else ""
+    out = [f"Host time of one eager call, GPU queue busy ({shape} fp32, µs)", "",
+           "| layer | forward (no grad) | forward + backward |", "|---|---|---|"]
+    out += [f"| {r['layer']} | {r['fwd_us']:.1f} | {r['step_us']:.1f} |" if "step_us" in r
+            else f"| {r['layer']} | {r['fwd_us']:.1f} | |" for r in rows]
+    return "\n".join(out)
+
+
+def environment(device) -> dict:
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+    except OSError:
+        commit = ""
+    try:
+        import triton  # noqa: F401 (its version, where installed)
+    except ImportError:
+        pass
+    return dict(date=datetime.date.today().isoformat(), commit=commit or os.environ.get("COMMIT", "?"),
+                device=torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+                torch=torch.__version__, triton=getattr(sys.modules.get("triton"), "__version__", "-"),
+                python=platform.python_version())
+
+
+def _fmt(row, key):
+    if "error" in row:
+        return "fails"
+    return f"{row[key]:.1f}"
+
+
+def table(rows) -> str:
+    """One table per model: a line per norm choice, a column per (mode, dtype) for the step and inference."""
+    out = []
+    for model in dict.fromkeys(r["model"] for r in rows):
+        mine = [r for r in rows if r["model"] == model]
+        cols = [(m, d) for m in MODES for d in DTYPES if any(r["mode"] == m and r["dtype"] == d for r in mine)]
+        out += [f"**{model}** (median ms; step = forward, MSE, backward, Adam)", "",
+                "| norm | " + " | ".join(f"{m} {d} step / inference" for m, d in cols) + " |",
+                "|---|" + "---|" * len(cols)]
+        for norm in dict.fromkeys(r["norm"] for r in mine):
+            cells = []
+            for m, d in cols:
+                hit = [r for r in mine if r["norm"] == norm and r["mode"] == m and r["dtype"] == d]
+                cells.append(f"{_fmt(hit[-1], 'step_ms')} / {_fmt(hit[-1], 'infer_ms')}" if hit else "")
+            out.append(f"| {norm} | " + " | ".join(cells) + " |")
+        errors = {r["error"] for r in mine if "error" in r}
+        out += [""] + [f"- fails: `{e}`" for e in sorted(errors)] + ([""] if errors else [])
+    return "\n".join(out)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--norms", default=",".join(NORMS))
+    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--dtypes", default=",".join(DTYPES))
+    p.add_argument("--reps", type=int, default=15)
+    p.add_argument("--small", action="store_true", help="small models and inputs (a smoke run on the CPU)")
+    p.add_argument("--host", action="store_true", help="also the host time of one layer call (CUDA only)")
+    p.add_argument("--out", default=os.environ.get("OUT", os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                                       "out")))
+    p.add_argument("--table", nargs="*", help="print the table of these rows files (JSON lines) and exit")
+    a = p.parse_args(argv)
+    if a.table is not None:
+        rows = [json.loads(line) for f in a.table for g in glob.glob(f) for line in open(g) if line.strip()]
+        print(table(rows))
+        return
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    env = environment(device)
+    os.makedirs(a.out, exist_ok=True)
+    path = os.path.join(a.out, f"models-{env['commit']}-{int(time.time())}.jsonl")
+    print(" ".join(f"{k}={v}" for k, v in env.items()), flush=True)
+    if a.host and device.type == "cuda":
+        hrows = [dict(r, **env) for r in host_rows(device)]
+        with open(os.path.join(a.out, f"host-{env['commit']}-{int(time.time())}.jsonl"), "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in hrows)
+        print(host_table(hrows) + "\n", flush=True)
+    rows = []
+    for model in a.models.split(","):
+        for dtype in a.dtypes.split(","):
+            for mode in a.modes.split(","):
+                for norm in a.norms.split(","):
+                    row = dict(run_one(model, norm, mode, dtype, device, a.small, reps=a.reps), **env)
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+                    with open(path, "a") as f:
+                        f.write(json.dumps(row) + "\n")
+    print()
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()
