@@ -31,6 +31,12 @@ instead, so a frame far from frame 0 loses no digits of its small spread. GLOBAL
 PHASE 2: reduce them and finish). STRIP walks a whole sequence in one program and carries the prefix; SEG
 walks it in NSPAN segments, one program each, after a PHASE 1 launch has summed every segment, so no
 program waits on another. The backward's math is derived in docs/math.md.
+
+The file reads in sections (banners below): scan and merge primitives; the look-back; shifts, loads and
+stores; states in and out; statistics of frames and tiles; tile order; the forward kernel
+(``running_norm_fwd``); the backward kernel (``running_norm_bwd``); reductions after a launch
+(``sum_partials``, ``span_scan``). It stays one file: ``benchmarks/tools/ab.py`` and ``compile_check.py``
+swap and compile it as a unit.
 """
 import triton
 import triton.language as tl
@@ -43,6 +49,9 @@ ONCE = tl.constexpr(1)  # the values' last read in this kernel, or an output: ev
 AGAIN = tl.constexpr(2)  # a chunk the tile reads again: kept (evict_last) until then
 
 
+# ---------------------------------------------------------------------------------------------------
+# Scan and merge primitives: Chan's merge with decay, its linear twin, scans and sums of a tile
+# ---------------------------------------------------------------------------------------------------
 @triton.jit
 def merge(w1, m1, q1, d1, w2, m2, q2, d2):
     """Chan's merge of an older summary (1) with a newer one (2); d is the summary's decay (d^L)."""
@@ -114,6 +123,9 @@ def _cumsum(v, N: tl.constexpr, SC: tl.constexpr, REVERSE: tl.constexpr, FLIP: t
         return tl.cumsum(v, axis=1, reverse=REVERSE)
 
 
+# ---------------------------------------------------------------------------------------------------
+# The look-back: packed tagged words, tickets, published records, the walk back and the span records
+# ---------------------------------------------------------------------------------------------------
 @triton.jit
 def _pack(v, tag):
     # [tag | float bits] in one int64 word: a single-copy-atomic load sees both or neither
@@ -294,6 +306,9 @@ def _span_suffix(ws_ptr, rec0, s, NSPAN, log2d_span, offs_s, SC: tl.constexpr, W
     return ra, rb, rc
 
 
+# ---------------------------------------------------------------------------------------------------
+# Shifts, loads and stores of a tile
+# ---------------------------------------------------------------------------------------------------
 @triton.jit
 def _state_index(b64, offs_c, m_c, B, C, POOL_ALL: tl.constexpr, SC: tl.constexpr):
     """State fields are [B] (pooled) or [B, C]: (offsets, mask, entries per field)."""
@@ -460,6 +475,9 @@ def _write_gx(pgx, sdc, xk, msk, gy, mean, r, U, V, c0, offs_c, C, in_t, w_ptr, 
         tl.store(gbp_ptr + pgw + c0, tl.sum(gy, axis=1), mask=m_c)
 
 
+# ---------------------------------------------------------------------------------------------------
+# States in and out
+# ---------------------------------------------------------------------------------------------------
 @triton.jit
 def _state_mean(sin_ptr, s_off, s_ok, NS, K):
     """The incoming state's mean relative to K, [SC]: the difference taken in float64."""
@@ -515,6 +533,9 @@ def _state_out(sin_ptr, s_off, s_ok, NS, ow, om, oq, length, log2d, log2d_lo):
     return w, m, q
 
 
+# ---------------------------------------------------------------------------------------------------
+# Statistics of frames and tiles: counts, local sums, per-channel walks, moments, rstd
+# ---------------------------------------------------------------------------------------------------
 @triton.jit
 def _count(msk, m_t, c0, C, BLOCK_C: tl.constexpr, POOL_ALL: tl.constexpr):
     """The valid values of each frame of channels c0 .. c0 + BLOCK_C - 1, [SC, BLOCK_T]: pooled, counted
@@ -811,6 +832,9 @@ def _slot_sums(xb, sxt, sxc, offs_c, C, T, length, K, tile0, n_sum, BLOCK_C: tl.
     return w, sm, sq
 
 
+# ---------------------------------------------------------------------------------------------------
+# Tile order
+# ---------------------------------------------------------------------------------------------------
 @triton.jit
 def _tile(ctr_ptr, x_ptr, len_ptr, sxb, sxc, B, C, T, NCB, NT, MODE: tl.constexpr, POOL_ALL: tl.constexpr,
           HAS_LEN: tl.constexpr, BLOCK_C: tl.constexpr, SC: tl.constexpr, REVERSE: tl.constexpr,
@@ -843,6 +867,9 @@ def _tile(ctr_ptr, x_ptr, len_ptr, sxb, sxc, B, C, T, NCB, NT, MODE: tl.constexp
     return it, vt, seq, tag, b64, offs_c, m_c, tl.arange(0, SC), length, s_off, s_ok, NS, CL
 
 
+# ---------------------------------------------------------------------------------------------------
+# The forward kernel
+# ---------------------------------------------------------------------------------------------------
 @triton.jit
 def running_norm_fwd(
     x_ptr,  # [B, C, T] (strides sxb, sxc, sxt)
@@ -1073,6 +1100,9 @@ def running_norm_fwd(
             _store_state(sout_ptr, s_off, s_ok, NS, w64, m64, q64)
 
 
+# ---------------------------------------------------------------------------------------------------
+# The backward kernel
+# ---------------------------------------------------------------------------------------------------
 @triton.jit
 def running_norm_bwd(
     x_ptr,  # [B, C, T] (strides sxb, sxc, sxt)
@@ -1368,6 +1398,9 @@ def running_norm_bwd(
         tl.store(ws_ptr + srec + s_seg * (3 * SC) + 2 * SC + offs_s, kz)
 
 
+# ---------------------------------------------------------------------------------------------------
+# Reductions after a launch: weight-gradient partials, span_scan
+# ---------------------------------------------------------------------------------------------------
 @triton.jit
 def sum_partials(p_ptr, gw_ptr, gb_ptr, R, C, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     """dweight (axis 1 == 0) and dbias (== 1) from the backward's per-tile float32 partials, (2, R, C):

@@ -124,7 +124,7 @@ def _fits(stages, block_c, block_t, elem_size, backward, smem) -> bool:
 
 
 def choose_tiles(C, T, per_channel, channels_last, device, mode=CUMULATIVE, elem_size=4):
-    """(BLOCK_C, BLOCK_T, num_warps), from the H200 sweeps (benchmarks/sweep.py, RESULTS.md): rows of at
+    """(BLOCK_C, BLOCK_T, num_warps), from the H200 sweeps (benchmarks/tools/sweep.py; docs/developer/kernels.md): rows of at
     128 bytes or more along the contiguous dim, 4 warps. A pooled tile spans all channels and is visited in
     chunks of BLOCK_C, so its registers do not grow with C. FRAME's pooled tiles are [128, 32]: all 512
     channels at once spilled (frameln (16, 512, 16000) "b t c" backward: 0.30 of a copy at [512, 32], 0.78
