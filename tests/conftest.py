@@ -57,10 +57,6 @@ from hypothesis import HealthCheck, settings  # noqa: E402
 import normlib  # noqa: E402
 from normlib import reference  # noqa: E402
 
-# pytest-xdist runs one worker a core: each takes its share of the cores for torch's threads, not all of them
-if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
-
 HAS_C_COMPILER = any(shutil.which(cc) for cc in ("cc", "gcc", "clang"))
 
 # ---------------------------------------------------------------------------------------------------
