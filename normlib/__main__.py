@@ -1,4 +1,4 @@
-"""Command line: ``python -m normlib list | demo``."""
+"""normlib's command line: list the norms, check them (demo), time them (bench)."""
 from __future__ import annotations
 
 import argparse
@@ -114,18 +114,78 @@ def _finite(s: str) -> float:
     return v
 
 
+def _names(s: str) -> list[str]:
+    names = [n.strip() for n in s.split(",") if n.strip()]
+    for n in names:
+        try:
+            if getattr(get(n), "spec", None) is None:
+                raise argparse.ArgumentTypeError(f"{n!r} is registered without a NormSpec: nothing to time")
+        except KeyError as e:
+            raise argparse.ArgumentTypeError(str(e).strip('"')) from None
+    if not names:
+        raise argparse.ArgumentTypeError("expected a comma-separated list of norm names")
+    return names
+
+
+def _shapes(s: str) -> list[tuple[int, int, int]]:
+    out = []
+    for part in s.split(","):
+        dims = part.strip().lower().split("x")
+        if len(dims) != 3 or not all(d.isdigit() and int(d) > 0 for d in dims):
+            raise argparse.ArgumentTypeError(f"expected shapes such as 4x512x4000,16x512x1000 (B x C x T), got {part!r}")
+        out.append(tuple(int(d) for d in dims))
+    return out
+
+
+def _choices(allowed):
+    def parse(s: str) -> list[str]:
+        items = [v.strip() for v in s.split(",") if v.strip()]
+        bad = [v for v in items if v not in allowed]
+        if bad or not items:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list of {', '.join(allowed)}, got {s!r}")
+        return items
+    return parse
+
+
+def cmd_bench(args) -> int:
+    from . import bench
+
+    return bench.run(args)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="normlib", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("list", help="the family: name, what is pooled, time mode, causal, aliases")
-    d = sub.add_parser("demo", help="run every norm on every device and backend against the reference")
-    d.add_argument("--batch", type=_positive, default=4)
-    d.add_argument("--channels", type=_positive, default=64)
-    d.add_argument("--frames", type=_positive, default=2000)
-    d.add_argument("--offset", type=_finite, default=100.0)
+    sub.add_parser("list", help="the family: name, what is pooled, time mode, causal, aliases",
+                   description="Print every registered norm: name, what is pooled, time mode, causal, aliases.")
+    d = sub.add_parser("demo", help="run every norm on every device and backend against the reference",
+                       description="Check every norm on every device and backend against the float64 reference, "
+                                   "and each causal norm streamed in uneven chunks against the whole sequence.")
+    d.add_argument("--batch", type=_positive, default=4, help="B, sequences in the batch (default 4)")
+    d.add_argument("--channels", type=_positive, default=64, help="C, channels (default 64)")
+    d.add_argument("--frames", type=_positive, default=2000, help="T, frames a sequence (default 2000)")
+    d.add_argument("--offset", type=_finite, default=100.0, help="DC offset added to the input (default 100)")
+    b = sub.add_parser("bench", help="time the norms against the formula, PyTorch's norms and a copy",
+                       description="Time the forward, forward + backward and streaming calls of the norms on "
+                                   "this machine's device (CUDA when present, else the CPU), beside the "
+                                   "sum/sumsq formula, PyTorch's equivalent norm and a copy, in one run.")
+    b.add_argument("--norms", type=_names, default=None, help="comma-separated norm names (default: all)")
+    b.add_argument("--shapes", type=_shapes, default=None,
+                   help="comma-separated B x C x T shapes, e.g. 4x512x4000 (default: two per device)")
+    b.add_argument("--dtypes", type=_choices(("fp32", "bf16", "fp16", "fp64")), default=["fp32"],
+                   help="comma-separated input dtypes: fp32, bf16, fp16, fp64 (default fp32)")
+    b.add_argument("--layouts", type=_choices(("b c t", "b t c")), default=["b c t"],
+                   help='comma-separated layouts, "b c t" and/or "b t c" (default "b c t")')
+    b.add_argument("--backend", choices=("auto", "torch", "triton"), default="auto",
+                   help="normlib backend (default auto: Triton on CUDA, PyTorch elsewhere)")
+    b.add_argument("--models", action="store_true",
+                   help="also a training step of the example models (normlib.models), small on the CPU")
+    b.add_argument("--quick", action="store_true", help="small shapes and short timings (under a minute on a CPU)")
+    b.add_argument("--json", metavar="PATH", help="write the rows and the environment as JSON")
+    b.add_argument("--plot", metavar="PNG", help="write a chart of normlib's time over each baseline's (matplotlib)")
     args = p.parse_args(argv)
     try:
-        return {"list": cmd_list, "demo": cmd_demo}[args.cmd](args) or 0
+        return {"list": cmd_list, "demo": cmd_demo, "bench": cmd_bench}[args.cmd](args) or 0
     except BrokenPipeError:  # the reader stopped early (`| head`): no traceback, and none at exit either
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1

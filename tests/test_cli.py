@@ -79,3 +79,30 @@ def test_demo_fails_on_a_nan_error(capsys, monkeypatch):
             real(spec, x, *a, **kw)) if spec.name == "gln" else real(spec, x, *a, **kw))
     assert main(["demo", "--batch", "2", "--channels", "6", "--frames", "40"]) == 1
     assert capsys.readouterr().out.rstrip().endswith("FAILED (threshold 1e-4)")
+
+
+def test_bench_times_norms_and_baselines_and_writes_json_and_png(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    js, png = tmp_path / "b.json", tmp_path / "b.png"
+    assert main(["bench", "--quick", "--norms", "cln,gln,ccemaln", "--shapes", "2x8x30", "--json", str(js),
+                 "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "**forward**" in out and "**forward+backward**" in out and "**stream**" in out
+    import json
+
+    rows = json.loads(js.read_text())["rows"]
+    fwd = {r["norm"]: r["ms"] for r in rows if r["what"] == "forward"}
+    assert set(fwd) == {"cln", "gln", "ccemaln"}
+    assert {"normlib", "formula", "copy"} <= set(fwd["cln"]) and "GroupNorm" in fwd["gln"]
+    assert all(v > 0 for ms in fwd.values() for v in ms.values())
+    assert {r["norm"] for r in rows if r["what"] == "stream"} == {"cln", "ccemaln"}  # gln takes no state
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("args, says", [(["--norms", "nope"], "unknown norm 'nope'"),
+                                        (["--shapes", "4x512"], "B x C x T"),
+                                        (["--dtypes", "fp8"], "fp32, bf16")])
+def test_bench_refuses_bad_options_naming_them(args, says, capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", *args])
+    assert says in capsys.readouterr().err
