@@ -30,67 +30,12 @@ import time
 import torch
 
 import normlib
+from normlib.bench import ModelRunner
 from normlib.models import MODELS
 
-# (B, input shape without B) per model: Conv-TasNet on 4 s of 8 kHz audio (3999 frames of 512 channels),
-# the channels-last model on 4000 frames of 80 features
-SHAPES = {"conv_tasnet": (4, (32000,)), "channels_last_tcn": (4, (4000, 80))}
-SMALL = {"conv_tasnet": (dict(n_filters=32, hid_chan=32, bn_chan=16, skip_chan=16, n_blocks=2, n_repeats=1),
-                         (2, (800,))),
-         "channels_last_tcn": (dict(channels=32, n_blocks=2, in_features=8, out_features=8), (2, (100, 8)))}
 NORMS = ("none", "native", "formula", "cln", "cln:torch")
 MODES = ("eager", "compile", "reduce-overhead")
 DTYPES = ("fp32", "bf16")
-
-
-def build(model: str, norm: str, device, small=False):
-    """The model with ``norm`` in every norm slot (``name:backend`` picks a normlib backend)."""
-    name, _, backend = norm.partition(":")
-    kwargs = dict(SMALL[model][0]) if small else {}
-    if backend:
-        kwargs["backend"] = backend
-    torch.manual_seed(0)
-    return MODELS[model](name, **kwargs).to(device)
-
-
-def inputs(model: str, device, small=False):
-    B, shape = SMALL[model][1] if small else SHAPES[model]
-    g = torch.Generator(device="cpu").manual_seed(1)
-    return torch.randn((B, *shape), generator=g).to(device)
-
-
-class Runner:
-    """A model's step and inference in one mode and dtype; ``step()`` and ``infer()`` run one each."""
-
-    def __init__(self, model_name, norm, mode, dtype, device, small=False):
-        self.device, self.mode = device, mode
-        self.model = build(model_name, norm, device, small)
-        self.x = inputs(model_name, device, small)
-        with torch.no_grad():
-            self.target = torch.randn_like(self.model(self.x))
-        self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-4)
-        self.autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == "bf16")
-        self.fwd = self.model if mode == "eager" else torch.compile(
-            self.model, mode="reduce-overhead" if mode == "reduce-overhead" else None,
-            backend="inductor" if device.type == "cuda" else "aot_eager")
-
-    def _mark(self):
-        if self.mode == "reduce-overhead":  # a new step: the CUDA graph may reuse last step's outputs
-            torch.compiler.cudagraph_mark_step_begin()
-
-    def step(self):
-        self._mark()
-        with self.autocast:
-            loss = torch.nn.functional.mse_loss(self.fwd(self.x).float(), self.target)
-        self.opt.zero_grad(set_to_none=True)
-        loss.backward()
-        self.opt.step()
-        return loss.detach()
-
-    def infer(self):
-        self._mark()
-        with torch.no_grad(), self.autocast:
-            return self.fwd(self.x).clone()
 
 
 def median_ms(fn, device, warmup=3, reps=15):
@@ -112,7 +57,7 @@ def run_one(model, norm, mode, dtype, device, small=False, warmup=3, reps=15):
     row = dict(model=model, norm=norm, mode=mode, dtype=dtype)
     torch._dynamo.reset()
     try:
-        r = Runner(model, norm, mode, dtype, device, small)
+        r = ModelRunner(model, norm, mode, dtype, device, small)
         row["step_ms"] = median_ms(r.step, device, warmup, reps)
         row["infer_ms"] = median_ms(r.infer, device, warmup, reps)
     except Exception as e:  # recorded in the table: "fails" is a result

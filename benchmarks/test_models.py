@@ -4,7 +4,8 @@
 import pytest
 import torch
 
-from models import MODELS, NORMS, Runner
+from models import MODELS, NORMS
+from normlib.bench import ModelRunner
 
 CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if CUDA else "cpu")
@@ -17,7 +18,7 @@ CASES = [(m, n, mode) for m in MODELS for n in NORMS for mode in ("eager", "comp
 
 @pytest.mark.parametrize("model, norm, mode", CASES)
 def test_model_step_and_inference(benchmark, model, norm, mode):
-    r = Runner(model, norm, mode, "fp32", DEVICE, small=not CUDA)
+    r = ModelRunner(model, norm, mode, "fp32", DEVICE, small=not CUDA)
     benchmark.group = f"{model}-{mode}"
     benchmark.extra_info.update(model=model, norm=norm, mode=mode, device=str(DEVICE))
     losses = [float(benchmark.pedantic(r.step, rounds=3 if CUDA else 1, warmup_rounds=1, iterations=1))]
@@ -30,8 +31,8 @@ def test_model_step_and_inference(benchmark, model, norm, mode):
 def test_normlib_cln_is_a_drop_in_for_the_formula(model):
     """Built from the same seed, the model with normlib's cln gives the formula's output (no DC offset here,
     where the formula keeps its digits)."""
-    a = Runner(model, "cln", "eager", "fp32", DEVICE, small=True)
-    b = Runner(model, "formula", "eager", "fp32", DEVICE, small=True)
+    a = ModelRunner(model, "cln", "eager", "fp32", DEVICE, small=True)
+    b = ModelRunner(model, "formula", "eager", "fp32", DEVICE, small=True)
     with torch.no_grad():
         ya, yb = a.model(a.x), b.model(b.x)
     assert ya.shape == yb.shape

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.utils import benchmark as tbench
 
-from .models import CumulativeLayerNormFormula, MODELS, norm_layer
+from .models import MODELS, SIZES, CumulativeLayerNormFormula
 from .registry import available, get
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp64": torch.float64}
@@ -150,37 +150,60 @@ def time_streaming(norms, channels, frames, backend, device, min_run_time=0.2, p
     return rows
 
 
-def time_models(models, device, small, min_run_time=0.5, progress=None):
-    """Rows of a training step (forward, MSE, backward, SGD) of each example model with normlib's cln
-    against the same model with no norm, PyTorch's native norm and the formula."""
-    rows = []
-    for model_name in models:
-        kwargs, (B, shape) = _model_size(model_name, small)
-        torch.manual_seed(0)
-        x = torch.randn((B, *shape), device=device)
-        row = Row("model step", model_name, (B, *shape), "fp32", "b c t" if model_name == "conv_tasnet" else "b t c")
-        for label, norm in (("normlib", "cln"), ("formula", "formula"), ("native", "native"), ("none", "none")):
-            torch.manual_seed(0)
-            model = MODELS[model_name](norm, **kwargs).to(device)
-            opt = torch.optim.SGD(model.parameters(), lr=1e-6)
-            target = torch.zeros_like(model(x)).detach()
+class ModelRunner:
+    """One example model (``normlib.models``) with ``norm`` in every norm slot (``name:backend`` picks a
+    normlib backend), in a mode (``eager``, ``compile``, ``reduce-overhead``) and a dtype (``fp32``, or
+    ``bf16`` autocast): ``step()`` runs a training step (forward, MSE, backward, Adam), ``infer()`` a
+    forward under no_grad."""
 
-            def step(model=model, opt=opt, target=target):
-                opt.zero_grad(set_to_none=True)
-                torch.nn.functional.mse_loss(model(x), target).backward()
-                opt.step()
-            row.ms[label] = _median_ms(step, min_run_time)
+    def __init__(self, model, norm, mode="eager", dtype="fp32", device="cpu", small=False):
+        device = torch.device(device)
+        self.mode = mode
+        kwargs, B, shape = SIZES[model]["small" if small else "full"]
+        name, _, backend = norm.partition(":")
+        torch.manual_seed(0)
+        self.model = MODELS[model](name, **kwargs, **({"backend": backend} if backend else {})).to(device)
+        self.x = torch.randn((B, *shape), generator=torch.Generator().manual_seed(1)).to(device)
+        with torch.no_grad():
+            self.target = torch.randn_like(self.model(self.x))
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-4)
+        self.autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == "bf16")
+        self.fwd = self.model if mode == "eager" else torch.compile(
+            self.model, mode="reduce-overhead" if mode == "reduce-overhead" else None,
+            backend="inductor" if device.type == "cuda" else "aot_eager")
+
+    def _mark(self):
+        if self.mode == "reduce-overhead":  # a new step: the CUDA graph may reuse last step's outputs
+            torch.compiler.cudagraph_mark_step_begin()
+
+    def step(self):
+        self._mark()
+        with self.autocast:
+            loss = torch.nn.functional.mse_loss(self.fwd(self.x).float(), self.target)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        self.opt.step()
+        return loss.detach()
+
+    def infer(self):
+        self._mark()
+        with torch.no_grad(), self.autocast:
+            return self.fwd(self.x).clone()
+
+
+def time_models(models, device, small, min_run_time=0.5, progress=None):
+    """Rows of an eager fp32 training step of each example model with normlib's cln, against the same model
+    with the formula, PyTorch's native norm and no norm."""
+    rows = []
+    for model in models:
+        _, B, shape = SIZES[model]["small" if small else "full"]
+        row = Row("model step", model, (B, *shape), "fp32", "b c t" if model == "conv_tasnet" else "b t c")
+        for label, norm in (("normlib", "cln"), ("formula", "formula"), ("native", "native"), ("none", "none")):
+            row.ms[label] = _median_ms(ModelRunner(model, norm, device=device, small=small).step, min_run_time)
         rows.append(row)
         if progress:
             progress()
     return rows
-
-
-def _model_size(name, small):
-    if name == "conv_tasnet":
-        return ((dict(n_filters=64, hid_chan=64, bn_chan=32, skip_chan=32, n_blocks=4, n_repeats=1), (2, (4000,)))
-                if small else ({}, (4, (32000,))))
-    return (dict(channels=64, n_blocks=2), (2, (500, 80))) if small else ({}, (4, (4000, 80)))
 
 
 def table(rows) -> str:

@@ -167,3 +167,13 @@ def channels_last_tcn(norm="cln", **kwargs) -> ChannelsLastTCN:
 
 
 MODELS = {"conv_tasnet": conv_tasnet, "channels_last_tcn": channels_last_tcn}
+
+# The benchmarks' sizes, per model: (builder kwargs, batch, one input's shape). "full": Conv-TasNet on 4 s of
+# 8 kHz audio (3999 frames of 512 channels), the channels-last model on 4000 frames of 80 features; "small":
+# the same architectures, narrow and short, for a run on a CPU.
+SIZES = {
+    "conv_tasnet": {"full": ({}, 4, (32000,)),
+                    "small": (dict(n_filters=64, hid_chan=64, bn_chan=32, skip_chan=32, n_blocks=4, n_repeats=1),
+                              2, (4000,))},
+    "channels_last_tcn": {"full": ({}, 4, (4000, 80)), "small": (dict(channels=64, n_blocks=2), 2, (500, 80))},
+}
