@@ -560,22 +560,18 @@ def test_backend_forward_contract(name):
         assert s2.shape == state_shape(name, 2, 5) and s2.dtype == STATE_DTYPE
 
 
-@pytest.mark.parametrize("per_channel", [False, True], ids=["pooled", "per-channel"])
-@pytest.mark.parametrize("decay", [0.0, 0.6, 1.0])
-@pytest.mark.parametrize("T", [1, 2, 3, 7, 8, 9, 33])
-def test_running_scan_is_the_sequential_fold(T, decay, per_channel):
-    x = make_x(2, 3, T, dtype=F64)
-    valid = (torch.arange(T) < torch.tensor([T, max(T - 2, 0)])[:, None])[:, None, :]
-    f = pytorch_backend.frame_stats(x, valid, per_channel)
-    scanned = pytorch_backend.running_scan(f, decay)
-    acc = f.map(lambda t: torch.zeros_like(t[..., 0]))
+@pytest.mark.parametrize("decay, T", [(0.0, 9), (1.0, 33), (0.6, 33), (0.5, 600), (1e-3, 77), (1e-30, 9),
+                                      (0.999, 1000)])
+def test_decayed_cumsum_is_the_sequential_recurrence(decay, T):
+    """S_t = d S_(t-1) + v_t, in blocks where the scale d^-L would leave float64's range (0.5 over 600
+    frames: 3 blocks of 256; 1e-3: 4 of 25; 1e-30: 5 of 2), the blocks' totals carried over."""
+    v = torch.randn(2, 3, T, dtype=F64) * torch.logspace(-3, 3, T, dtype=F64)
+    got = pytorch_backend.decayed_cumsum(v, decay)
+    acc, want = torch.zeros(2, 3, dtype=F64), []
     for t in range(T):
-        acc = normlib.merge(acc, f.map(lambda u: u[..., t]), decay)
-        got = scanned.map(lambda u: u[..., t])
-        torch.testing.assert_close(got.w, acc.w, rtol=1e-12, atol=1e-12)
-        torch.testing.assert_close(got.m2, acc.m2, rtol=1e-12, atol=1e-12)
-        seen = acc.w > 0  # the mean of an empty summary (weight 0: padding under decay 0) is arbitrary
-        torch.testing.assert_close(got.m[seen], acc.m[seen], rtol=1e-12, atol=1e-12)
+        acc = decay * acc + v[..., t]
+        want.append(acc)
+    torch.testing.assert_close(got, torch.stack(want, -1), rtol=1e-12, atol=1e-12 * float(v.abs().max()))
 
 
 @pytest.mark.parametrize("name", NORMS)

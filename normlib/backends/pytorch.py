@@ -1,36 +1,72 @@
-"""The PyTorch backend: vectorized over time, any device, float32 Chan merges, autograd by PyTorch.
+"""The PyTorch backend: any device, autograd by PyTorch, at about the cost of the sum/sumsq formula.
 
-Running statistics are an inclusive scan of frame summaries under the decayed merge of ``state.merge``;
-the scan doubles its span each step (log2 T vectorized steps, no Python loop over frames).
+Statistics are shifted sums: x - K, K frame 0's mean (per sequence, or per channel; each frame's own
+channel 0 for FRAME), so that a DC offset costs no digits. A pooled norm reduces its channels first
+(``var_mean`` over C: each frame's exact mean and spread), so its running part is only (B, T). Running
+sums accumulate in float64 (``cumsum``; EMA's decayed sums as scaled cumsums in blocks whose scale stays in
+float64's range), where E[(x-K)^2] - (mu-K)^2 keeps its digits. An incoming state joins by Chan's merge in
+float64. The normalization is one or two fused passes over x (``addcmul``).
 """
 from __future__ import annotations
 
-import torch
+import math
 
-from ..reference import normalize
+import torch
+import torch.nn.functional as F
+
 from ..state import NormState, merge
 
-
-def frame_stats(x, valid, per_channel) -> NormState:
-    """f_t = (n, m_f, M2_f) of each frame; padding frames get weight 0. x: (B, C, T) in the stats dtype."""
-    if per_channel:
-        n = valid.to(x.dtype).expand_as(x)
-        return NormState(n, torch.where(valid, x, 0), torch.zeros_like(x))
-    m = x.mean(1)
-    m2 = (x - m[:, None]).square().sum(1)
-    v = valid[:, 0]
-    return NormState(v.to(x.dtype) * x.shape[1], torch.where(v, m, 0), torch.where(v, m2, 0))
+_SCALE_BITS = 256  # a block of a decayed cumsum scales its terms by at most 2**256 (float64 reaches 2**1023)
 
 
-def _live_var(var, valid, w=None):
-    """var at valid frames, and with ``w`` where a statistic holds more than one value; 1 elsewhere. Padding
-    normalizes to 0, and so does a value that is its statistic's only one (frame 0 with no incoming state or
-    one of weight 0, per channel or over one channel: its own mean, which nothing can move), whatever the
-    variance; 1 keeps autograd's terms there finite (0 / 0 with eps = 0 at padding made weight.grad NaN, and y
-    NaN after an empty state) and at the scale of dy (1/sqrt(eps) ones cancelled in float32: ccln's dx with eps
-    outside was 20 % off, 100 % after an empty state). Only the state's weight could see r there: it gets no
-    gradient."""
-    return torch.where(valid if w is None else valid & (w > 1), var, 1)
+def _doubling(v, d):
+    """S_t = sum over tau <= t of d^(t - tau) v_tau along the last dim, in log2(T) vectorized steps."""
+    k = 1
+    while k < v.shape[-1]:
+        v = torch.cat([v[..., :k], v[..., k:] + d**k * v[..., :-k]], dim=-1)
+        k *= 2
+    return v
+
+
+def decayed_cumsum(v, d: float):
+    """S_t = sum over tau <= t of d^(t - tau) v_tau along the last dim (d = 1: cumsum, d = 0: v).
+
+    Within a block of L frames, S = d^tau * cumsum(d^-tau * v), with L such that d^-L <= 2^256; the blocks'
+    totals carry into the next blocks by a doubling scan over the (few) blocks."""
+    if d == 1:
+        return v.cumsum(-1)
+    if d == 0:
+        return v
+    T = v.shape[-1]
+    L = max(1, min(T, int(_SCALE_BITS / -math.log2(d))))
+    nb = -(-T // L)
+    u = F.pad(v, (0, nb * L - T)).unflatten(-1, (nb, L))
+    tau = torch.arange(L, device=v.device, dtype=v.dtype)
+    down = d**tau
+    local = (u * (1 / down)).cumsum(-1) * down
+    if nb > 1:
+        ends = _doubling(local[..., -1], d**L)  # each block's total with all blocks before it
+        local = local + F.pad(ends[..., :-1], (1, 0))[..., None] * (d * down)
+    return local.flatten(-2)[..., :T]
+
+
+def _rstd(var, eps, eps_mode):
+    return torch.rsqrt(var + eps) if eps_mode == "inside" else 1 / (var.clamp_min(torch.finfo(var.dtype).tiny).sqrt()
+                                                                    + eps)
+
+
+def _normalize(xk, mu, r, weight, bias, inplace=False):
+    """gamma (xk - mu) r + beta. ``inplace``: y is written over xk, where autograd needs neither (on a CPU a
+    fresh full-size tensor costs more than its arithmetic); the same operations either way, so that y has the
+    same bits with and without autograd, and with unit affine parameters as without."""
+    def op(t, name, other):
+        return getattr(t, name + "_")(other) if inplace and other.dtype == t.dtype \
+            else getattr(t, name)(other)
+
+    y = op(op(xk, "sub", mu), "mul", r)
+    if weight is not None:
+        y = op(y, "mul", weight[:, None])
+    return y if bias is None else op(y, "add", bias[:, None])
 
 
 def _unused(y, *tensors):
@@ -43,15 +79,14 @@ def _unused(y, *tensors):
     return y
 
 
-def running_scan(s: NormState, decay: float) -> NormState:
-    """Inclusive scan over the last dim: entry t becomes the merge of frames 0..t."""
-    T, k = s.w.shape[-1], 1
-    while k < T:
-        head = s.map(lambda t: t[..., :k])
-        tail = merge(s.map(lambda t: t[..., :-k]), s.map(lambda t: t[..., k:]), decay**k)
-        s = NormState(*(torch.cat(pair, dim=-1) for pair in zip(head, tail)))
-        k *= 2
-    return s
+def _live(var, valid, w):
+    """var where a statistic holds more than one value (weight w > 1) at a valid frame; 1 elsewhere. Padding
+    normalizes to 0, and so does a value that is its statistic's only one (its own mean, whatever the
+    variance); 1 keeps autograd's terms there finite (0 / 0 with eps = 0) and at the scale of dy (1/sqrt(eps)
+    terms cancelled in float32: ccln's dx with eps outside was 20 % off). Only the state's weight could see
+    the variance there: it gets no gradient."""
+    live = w > 1
+    return torch.where(live if valid is None else live & valid, var, 1)
 
 
 def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mode, return_state):
@@ -64,41 +99,61 @@ def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mod
         y = _unused(x.clone(), weight, bias)  # on x's graph, and on the affine parameters'
         return y, (state if state is not None else empty) if return_state else None
     sd = torch.float64 if x.dtype == torch.float64 else torch.float32
-    valid = torch.ones(B, 1, T, dtype=torch.bool, device=x.device)
-    if lengths is not None:
-        valid = (torch.arange(T, device=x.device) < lengths[:, None])[:, None, :]
-    xs = torch.where(valid, x.to(sd), 0)  # padding is never read, not even as NaN
+    valid = None if lengths is None else (torch.arange(T, device=x.device) < lengths[:, None])[:, None, :]
+    xs = x.to(sd)
+    if valid is not None:
+        xs = torch.where(valid, xs, 0)  # padding is never read, not even as NaN
 
-    # Work on x - K, K frame 0's mean per sequence (per channel): x - K is exact near K (Sterbenz), so a
-    # DC offset costs no digits in mu or in x - mu. The float64 state is shifted by the same K. FRAME
-    # statistics (decay 0) shift each frame by its own channel 0: a frame far from frame 0 keeps its digits.
+    # x - K is exact near K (Sterbenz): a DC offset costs no digits in mu or in x - mu. FRAME shifts each frame
+    # by its own channel 0, so a frame far from frame 0 keeps its digits.
     if decay == 0:
-        K = (xs if per_channel else xs[:, :1]).detach()  # (B, C|1, T)
+        K = xs[:, :1].detach()  # (B, 1, T)
     else:
         K = (xs[..., :1] if per_channel else xs[..., :1].mean(1, keepdim=True)).detach()  # (B, C|1, 1)
-    if state is not None and decay != 0:
-        Ks = K.reshape(state.m.shape).double()
-        rel = NormState(state.w.to(sd), (state.m - Ks).to(sd), state.m2.to(sd))
-    xs = torch.where(valid, xs - K, 0)
+    xk = xs - K if valid is None or decay == 0 else torch.where(valid, xs - K, 0)
 
-    if decay is None:  # GLOBAL: two passes over the valid frames, in the stats dtype
+    # autograd saves what the normalization reads: only without it may y be written over x - K
+    inplace = not (torch.is_grad_enabled() and any(t is not None and t.requires_grad
+                                                   for t in (x, weight, bias, *(state or ()))))
+    rd = torch.float64  # sums over time (and GLOBAL's moments) are taken in float64
+    if decay is None:  # GLOBAL
         dims = (2,) if per_channel else (1, 2)
-        count = valid.to(sd).expand_as(xs).sum(dims, keepdim=True)
-        mu = xs.sum(dims, keepdim=True) / torch.where(count > 0, count, 1)
-        var = torch.where(valid, (xs - mu).square(), 0).sum(dims, keepdim=True) / torch.where(count > 0, count, 1)
-        y = torch.where(valid, normalize(xs, mu, _live_var(var, valid, count), weight, bias, eps, eps_mode), 0)
+        n = float(T if per_channel else C * T) if valid is None else \
+            valid.sum(2, keepdim=True).to(rd) * (1 if per_channel else C)  # (B, 1, 1)
+        s1 = xk.sum(dims, keepdim=True).to(rd)
+        s2 = torch.linalg.vector_norm(xk, dim=dims, keepdim=True).to(rd).square()
+        count = torch.as_tensor(n, dtype=rd, device=x.device)
+        mu = s1 / count.clamp_min(1)
+        var = (s2 / count.clamp_min(1) - mu.square()).clamp_min(0)
+        y = _normalize(xk, mu.to(sd), _rstd(_live(var, None, count).to(sd), eps, eps_mode), weight, bias, inplace)
+        y = y if valid is None else torch.where(valid, y, 0)
         return y.to(x.dtype), None
 
-    s = frame_stats(xs, valid, per_channel)  # fields (B, T) or (B, C, T)
-    if decay != 0:
-        s = own = running_scan(s, decay)  # own: the chunk's frames alone, merged into the state in float64 below
-        if state is not None:
-            d_t = decay ** torch.arange(1, T + 1, device=x.device, dtype=sd)
-            s = merge(rel.map(lambda t: t[..., None]), s, d_t)
-
-    expand = (lambda t: t) if per_channel else (lambda t: t[:, None])
-    mu, var = expand(s.m), _live_var(expand(s.var), valid, expand(s.w))
-    y = torch.where(valid, normalize(xs, mu, var, weight, bias, eps, eps_mode), 0).to(x.dtype)
+    # the frames' own running statistics relative to K: weight S0, mean mu, sum of squared deviations m2
+    n = (torch.ones(B, 1, T, device=x.device, dtype=rd) if valid is None else valid.to(rd))
+    if per_channel:
+        s1 = xk.to(rd)
+        s2 = s1.square()
+    else:  # per frame: the sums over the channels of x - K and of its square (their spread, in float64 below)
+        n = n * C
+        s1 = xk.sum(1, keepdim=True).to(rd)
+        s2 = (xk * xk).sum(1, keepdim=True).to(rd)
+    if decay == 0:  # FRAME: each frame alone
+        S0, S1, S2 = n, s1, s2
+    else:
+        S0, S1, S2 = (decayed_cumsum(v, decay) for v in (n, s1, s2))
+    W = torch.where(S0 > 0, S0, 1)
+    mu = S1 / W
+    own = NormState(S0, mu, (S2 - S1 * mu).clamp_min(0))
+    s = own
+    if state is not None and decay != 0:  # the decayed incoming state, merged in float64 (Chan: no cancellation)
+        w0, m0, q0 = (t.reshape(B, -1, 1).to(rd) for t in state)
+        rel = NormState(w0, m0 - K.to(rd), q0)
+        s = merge(rel, own, decay ** torch.arange(1, T + 1, device=x.device, dtype=rd))
+    var = s.m2 / torch.where(s.w > 0, s.w, 1)
+    r = _rstd(_live(var, valid, s.w).to(sd), eps, eps_mode)
+    y = _normalize(xk, s.m.to(sd), r, weight, bias, inplace)
+    y = (y if valid is None else torch.where(valid, y, 0)).to(x.dtype)
     if decay == 0 and state is not None:  # FRAME reads no state: zero gradients into its statistics
         y = _unused(y, state.m, state.m2)
     if not return_state:
@@ -108,17 +163,19 @@ def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mod
     # gather: inductor (torch 2.13, CPU) fused gather's backward (a scatter) wrongly with the scan's, and
     # gave cln's state and x gradients 80 % off under torch.compile
     last = torch.full((B,), T, device=x.device) if lengths is None else lengths
-    at = torch.arange(T, device=x.device) == (last - 1).clamp_min(0).view((B,) + (1,) * (s.w.dim() - 1))
-    Ks = (K if per_channel else K[:, 0]).expand(s.m.shape)
-    picked = own if decay != 0 and state is not None else s
-    w, m, m2, k = (torch.where(at, t, 0).sum(-1).double() for t in (*picked, Ks))
-    out = NormState(w, m + k, m2)
+    at = torch.arange(T, device=x.device) == (last - 1).clamp_min(0).view(B, 1, 1)
+    w, m, m2 = (torch.where(at, t, 0).sum(-1) for t in own)  # (B, C|1)
+    k = torch.where(at, K.to(rd), 0).sum(-1) if decay == 0 else K.to(rd)[..., 0]
+    w, m, m2 = (t if per_channel else t[:, 0] for t in (w, m + k, m2))
+    if per_channel and w.shape != m.shape:  # one weight for all channels of a frame
+        w = w.expand_as(m).contiguous()
+    out = NormState(w, m, m2)
     if state is None:
         return y, out
+    bshape = (B,) + (1,) * (w.dim() - 1)
     if decay != 0:
         # the chunk's own summary merged into the incoming state in float64: a float32 merge rounded a state
         # that an EMA keeps for 1 / (1 - d) calls each call (emaln, d = 0.999, one-frame chunks: 8e-6 off)
-        out = merge(state, out, torch.as_tensor(decay, dtype=torch.float64, device=x.device) ** last.view(
-            (B,) + (1,) * (w.dim() - 1)))
-    keep = (last == 0).view((B,) + (1,) * (w.dim() - 1))  # no frame seen: the incoming state
+        out = merge(state, out, torch.as_tensor(decay, dtype=rd, device=x.device) ** last.view(bshape))
+    keep = (last == 0).view(bshape)  # no frame seen: the incoming state
     return y, NormState(*(torch.where(keep, p, o) for p, o in zip(state, out)))
