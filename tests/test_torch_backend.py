@@ -660,3 +660,14 @@ def test_a_long_padding_tail_keeps_gradients_finite(name):
     y, s1 = run(name, make_x(B, C, 1000), decay=0.9, state=s0, lengths=[1000, 0], return_state=True)
     (gm,) = torch.autograd.grad(y.sum() + s1.m.sum(), [m])
     assert torch.isfinite(gm).all() and torch.equal(gm[1], torch.ones_like(gm[1]))
+
+
+@pytest.mark.parametrize("name", ["emaln", "ccemaln", "cln"])
+def test_a_level_step_that_an_ema_forgets_frame_0_for_keeps_the_spread(name):
+    """A step of 1e3 after frame 100: an EMA's window then sits 1e3 from frame 0's mean (the shift), with a
+    spread of 1. Float32 squares of x - K rounded that spread away (emaln 1.7e-3 off); squares about the
+    running mean keep it (1.4e-5, the float32 rounding of x - mu near 1e3)."""
+    g = torch.Generator().manual_seed(3)
+    T = 600
+    x = (torch.randn(2, 16, T, generator=g, dtype=F64) + torch.where(torch.arange(T) < 100, 0.0, 1e3)).to(F32)
+    assert_rel(run(name, x, eps=1e-5), ref(name, x, eps=1e-5), 1e-4, name)

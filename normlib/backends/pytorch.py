@@ -131,17 +131,25 @@ def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mod
 
     # the frames' own running statistics relative to K: weight S0, mean mu, sum of squared deviations m2
     n = (torch.ones(B, 1, T, device=x.device, dtype=rd) if valid is None else valid.to(rd))
-    if per_channel:
+    if per_channel:  # float64 squares of float32 values are exact
         s1 = xk.to(rd)
         s2 = s1.square()
-    else:  # per frame: the sums over the channels of x - K and of its square (their spread, in float64 below)
+    else:  # per frame: the sums over the channels of x - K and of its square
         n = n * C
         s1 = xk.sum(1, keepdim=True).to(rd)
-        s2 = (xk * xk).sum(1, keepdim=True).to(rd)
-    if decay == 0:  # FRAME: each frame alone
-        S0, S1, S2 = n, s1, s2
-    else:
-        S0, S1, S2 = (decayed_cumsum(v, decay) for v in (n, s1, s2))
+    S0, S1 = (n, s1) if decay == 0 else (decayed_cumsum(n, decay), decayed_cumsum(s1, decay))
+    if not per_channel:
+        if decay == 0:  # each frame is shifted by its own channel 0 already
+            s2 = (xk * xk).sum(1, keepdim=True).to(rd)
+        else:
+            # sum (x - K)^2 from squares about u, the frames' running mean (detached: the sum does not depend
+            # on it): where an EMA's mean has moved far from frame 0's, float32 squares of x - K would round
+            # away the spread (a step of 1e3 after frame 100, emaln: 1.7e-3 off; about u, 1.4e-5)
+            u = (S1 / torch.where(S0 > 0, S0, 1)).detach().to(sd)
+            a = u.to(rd)
+            s2 = (xk - u).square().sum(1, keepdim=True).to(rd) + (2 * s1 - n * a) * a
+            s2 = torch.where(n > 0, s2, 0)
+    S2 = s2 if decay == 0 else decayed_cumsum(s2, decay)
     W = torch.where(S0 > 0, S0, 1)
     mu = S1 / W
     own = NormState(S0, mu, (S2 - S1 * mu).clamp_min(0))
