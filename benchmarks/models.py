@@ -68,9 +68,10 @@ def run_one(model, norm, mode, dtype, device, small=False, warmup=3, reps=15):
     return row
 
 
-def host_us(fn, n=200) -> float:
+def host_us(fn, n=40) -> float:
     """The host's time of one call, µs, with the GPU's queue kept busy: the calls are issued behind a long
-    GPU sleep, so that what is timed is the host's path to the launches, not the kernels."""
+    GPU sleep, so that what is timed is the host's path to the launches, not the kernels. ``n`` stays small:
+    past the launch queue's depth (about 1000 kernels) a launch waits for the sleep to end."""
     for _ in range(5):
         fn()
     torch.cuda.synchronize()
