@@ -27,22 +27,6 @@ STREAM_CHANNELS, STREAM_FRAMES = (64, 256, 512), (1, 4, 16)
 QUICK_STREAM_CHANNELS, QUICK_STREAM_FRAMES = (256,), (1, 16)
 
 
-class ChannelFormula(nn.Module):
-    """The per-channel sum/sumsq formula: running sums of x and x² over time, each channel alone."""
-
-    def __init__(self, num_channels, eps=1e-8):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(num_channels))
-        self.bias = nn.Parameter(torch.zeros(num_channels))
-
-    def forward(self, x):
-        count = torch.arange(1, x.shape[-1] + 1, device=x.device, dtype=x.dtype)
-        mean = x.cumsum(-1) / count
-        var = x.square().cumsum(-1) / count - mean.square()
-        return (x - mean) / (var + self.eps).sqrt() * self.weight[:, None] + self.bias[:, None]
-
-
 def _native(spec, C):
     """PyTorch's own layer of the same math, and how it reads a "b c t" tensor; None where there is none."""
     if spec.time.value == "global":
@@ -57,7 +41,7 @@ def baselines(spec, C):
     causal norms) and PyTorch's equivalent where there is one."""
     out = {}
     if spec.causal and spec.time.value != "frame":
-        out["formula"] = (ChannelFormula(C) if spec.per_channel else CumulativeLayerNormFormula(C), None)
+        out["formula"] = (CumulativeLayerNormFormula(C, per_channel=spec.per_channel), None)
     native = _native(spec, C)
     if native is not None:
         out[type(native[0]).__name__] = native

@@ -24,28 +24,37 @@ from .registry import get
 BASELINES = ("none", "native", "formula")
 
 
-class CumulativeLayerNormFormula(nn.Module):
+def cumulative_ln_formula(x, weight=None, bias=None, eps=1e-8, *, per_channel=False, channels_last=False):
     """The cumulative layer norm as most Conv-TasNet code writes it: running sums of x and x² over time,
-    variance as E[x²] − μ² in the input's precision (loses digits under a DC offset; the benchmark's
-    baseline, not a normlib norm)."""
+    the variance as E[x²] − μ² in the input's precision (it loses digits under a DC offset: the benchmarks'
+    baseline, not a normlib norm). ``per_channel``: each channel alone."""
+    c_dim, t_dim = (2, 1) if channels_last else (1, 2)
+    C, T = (1 if per_channel else x.shape[c_dim]), x.shape[t_dim]
+    s1, s2 = (x, x.square()) if per_channel else (x.sum(c_dim, keepdim=True), x.square().sum(c_dim, keepdim=True))
+    count = torch.arange(1, T + 1, device=x.device, dtype=x.dtype) * C
+    count = count.view(1, T, 1) if channels_last else count.view(1, 1, T)
+    mean = s1.cumsum(t_dim) / count
+    var = s2.cumsum(t_dim) / count - mean.square()
+    y = (x - mean) / (var + eps).sqrt()
+    if weight is not None:
+        y = y * (weight if channels_last else weight[:, None])
+    if bias is not None:
+        y = y + (bias if channels_last else bias[:, None])
+    return y
 
-    def __init__(self, num_channels: int, eps: float = 1e-8, layout: str = "b c t"):
+
+class CumulativeLayerNormFormula(nn.Module):
+    """:func:`cumulative_ln_formula` as a layer, with a learned weight and bias."""
+
+    def __init__(self, num_channels: int, eps: float = 1e-8, layout: str = "b c t", per_channel: bool = False):
         super().__init__()
-        self.eps, self.channels_last = eps, layout == "b t c"
+        self.eps, self.channels_last, self.per_channel = eps, layout == "b t c", per_channel
         self.weight = nn.Parameter(torch.ones(num_channels))
         self.bias = nn.Parameter(torch.zeros(num_channels))
 
     def forward(self, x):
-        c_dim, t_dim = (2, 1) if self.channels_last else (1, 2)
-        C, T = x.shape[c_dim], x.shape[t_dim]
-        cum_sum = x.sum(c_dim, keepdim=True).cumsum(t_dim)
-        cum_pow = x.square().sum(c_dim, keepdim=True).cumsum(t_dim)
-        count = torch.arange(1, T + 1, device=x.device, dtype=x.dtype) * C
-        count = count.view(1, T, 1) if self.channels_last else count.view(1, 1, T)
-        mean = cum_sum / count
-        var = cum_pow / count - mean.square()
-        w, b = (self.weight, self.bias) if self.channels_last else (self.weight[:, None], self.bias[:, None])
-        return (x - mean) / (var + self.eps).sqrt() * w + b
+        return cumulative_ln_formula(x, self.weight, self.bias, self.eps, per_channel=self.per_channel,
+                                     channels_last=self.channels_last)
 
 
 def norm_layer(norm: str, num_channels: int, layout: str = "b c t", **norm_kwargs) -> nn.Module:
