@@ -671,3 +671,30 @@ def test_a_level_step_that_an_ema_forgets_frame_0_for_keeps_the_spread(name):
     T = 600
     x = (torch.randn(2, 16, T, generator=g, dtype=F64) + torch.where(torch.arange(T) < 100, 0.0, 1e3)).to(F32)
     assert_rel(run(name, x, eps=1e-5), ref(name, x, eps=1e-5), 1e-4, name)
+
+
+def test_float64_ema_that_forgets_frame_0_is_exact():
+    """ccemaln, decay 1e-3, a step of 1e4 after frame 20, float64: the running spread is a decayed sum of
+    squared differences of means (Welford's recurrence), so it matches a frame-by-frame Chan fold to float64's
+    rounding of x - mu near 1e4 against a spread of 0.03 (4e-9; the earlier Chan scan: 2e-9); sums of
+    (x - K)^2 about frame 0 lost (mu - K)^2 / var of the digits (1.9e-4 off)."""
+    g = torch.Generator().manual_seed(1)
+    T, d, eps = 100, 1e-3, 1e-8
+    x = torch.randn(1, 3, T, generator=g, dtype=F64) + torch.where(torch.arange(T) < 20, 0.0, 1e4)
+    acc, want = normlib.NormState.empty((1, 3)), []
+    for t in range(T):
+        acc = normlib.merge(acc, normlib.NormState(torch.ones(1, 3, dtype=F64), x[..., t], torch.zeros(1, 3, dtype=F64)), d)
+        var = torch.where(acc.w > 1, acc.var, 1)
+        want.append((x[..., t] - acc.m) / (var + eps).sqrt())
+    assert_rel(run("ccemaln", x, eps=eps, decay=d), torch.stack(want, -1), 1e-8, "ccemaln")
+
+
+@pytest.mark.parametrize("name", ["gln", "instln"])
+def test_global_norms_keep_their_digits_when_frame_0_is_far_from_the_rest(name):
+    """Frame 0 at 0, 2999 frames at 1e4 (silence, then a level): the mean's float32 rounding is corrected by
+    the deviations' own mean, and the squares are summed by torch.sum's cascade (vector_norm's float32
+    accumulation left 1.1e-5 of y for gln)."""
+    g = torch.Generator().manual_seed(5)
+    T = 3000
+    x = (torch.randn(2, 8, T, generator=g, dtype=F64) + torch.where(torch.arange(T) < 1, 0.0, 1e4)).to(F32)
+    assert_rel(run(name, x), ref(name, x), 1e-6, name)

@@ -63,7 +63,7 @@ def _normalize(xk, mu, r, weight, bias, inplace=False):
         return getattr(t, name + "_")(other) if inplace and other.dtype == t.dtype \
             else getattr(t, name)(other)
 
-    y = op(op(xk, "sub", mu), "mul", r)
+    y = op(xk if mu is None else op(xk, "sub", mu), "mul", r)
     if weight is not None:
         y = op(y, "mul", weight[:, None])
     return y if bias is None else op(y, "add", bias[:, None])
@@ -116,43 +116,49 @@ def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mod
     inplace = not (torch.is_grad_enabled() and any(t is not None and t.requires_grad
                                                    for t in (x, weight, bias, *(state or ()))))
     rd = torch.float64  # sums over time (and GLOBAL's moments) are taken in float64
-    if decay is None:  # GLOBAL
+    if decay is None:  # GLOBAL: the mean, then the squares about it (two passes; y reuses x - mu)
         dims = (2,) if per_channel else (1, 2)
         n = float(T if per_channel else C * T) if valid is None else \
             valid.sum(2, keepdim=True).to(rd) * (1 if per_channel else C)  # (B, 1, 1)
-        s1 = xk.sum(dims, keepdim=True).to(rd)
-        s2 = torch.linalg.vector_norm(xk, dim=dims, keepdim=True).to(rd).square()
-        count = torch.as_tensor(n, dtype=rd, device=x.device)
-        mu = s1 / count.clamp_min(1)
-        var = (s2 / count.clamp_min(1) - mu.square()).clamp_min(0)
-        y = _normalize(xk, mu.to(sd), _rstd(_live(var, None, count).to(sd), eps, eps_mode), weight, bias, inplace)
+        count = torch.as_tensor(n, dtype=rd, device=x.device).clamp_min(1)
+        mu = (xk.sum(dims, keepdim=True).to(rd) / count).to(sd)
+        dev = xk - mu if valid is None else torch.where(valid, xk - mu, 0)
+        # the float32 sum of x - K rounds the mean (1e-5 of y with T = 3000 frames 1e4 from frame 0): the
+        # deviations' own mean corrects it
+        fix = dev.sum(dims, keepdim=True).to(rd) / count
+        # torch.sum's cascade keeps a long row's sum of squares to a few ulps; vector_norm accumulated in float32
+        # (gln over 24000 values: 1.1e-5 of y)
+        var = (dev * dev).sum(dims, keepdim=True).to(rd) / count - fix.square()
+        y = _normalize(dev, fix.to(sd), _rstd(_live(var.clamp_min(0), None, count), eps, eps_mode).to(sd),
+                       weight, bias, inplace)
         y = y if valid is None else torch.where(valid, y, 0)
         return y.to(x.dtype), None
 
-    # the frames' own running statistics relative to K: weight S0, mean mu, sum of squared deviations m2
+    # Each frame's (n, m, M2) relative to K, then the running ones in parallel form of Welford's recurrence:
+    # W_t = d W_(t-1) + n_t, S1_t = d S1_(t-1) + n_t m_t (so mu_t = S1_t / W_t), and
+    # M2_t = d M2_(t-1) + M2_t(frame) + n_t (d W_(t-1) / W_t) (m_t - mu_(t-1))^2: a decayed sum of terms >= 0,
+    # each from a difference of means, so a mean far from frame 0's (an EMA that has forgotten it) costs no
+    # digits (sums of (x - K)^2 lost (mu - K)^2 / var of them).
     n = (torch.ones(B, 1, T, device=x.device, dtype=rd) if valid is None else valid.to(rd))
-    if per_channel:  # float64 squares of float32 values are exact
-        s1 = xk.to(rd)
-        s2 = s1.square()
-    else:  # per frame: the sums over the channels of x - K and of its square
+    if per_channel:
+        m_f, dev = xk.to(rd), xk  # one value a frame: no spread
+        s1 = m_f
+    else:
         n = n * C
         s1 = xk.sum(1, keepdim=True).to(rd)
-    S0, S1 = (n, s1) if decay == 0 else (decayed_cumsum(n, decay), decayed_cumsum(s1, decay))
-    if not per_channel:
-        if decay == 0:  # each frame is shifted by its own channel 0 already
-            s2 = (xk * xk).sum(1, keepdim=True).to(rd)
-        else:
-            # sum (x - K)^2 from squares about u, the frames' running mean (detached: the sum does not depend
-            # on it): where an EMA's mean has moved far from frame 0's, float32 squares of x - K would round
-            # away the spread (a step of 1e3 after frame 100, emaln: 1.7e-3 off; about u, 1.4e-5)
-            u = (S1 / torch.where(S0 > 0, S0, 1)).detach().to(sd)
-            a = u.to(rd)
-            s2 = (xk - u).square().sum(1, keepdim=True).to(rd) + (2 * s1 - n * a) * a
-            s2 = torch.where(n > 0, s2, 0)
-    S2 = s2 if decay == 0 else decayed_cumsum(s2, decay)
-    W = torch.where(S0 > 0, S0, 1)
-    mu = S1 / W
-    own = NormState(S0, mu, (S2 - S1 * mu).clamp_min(0))
+        mf = (s1 / torch.where(n > 0, n, 1)).to(sd)
+        dev = xk - mf if valid is None else torch.where(valid, xk - mf, 0)  # y reuses x - m_f
+        fix = dev.sum(1, keepdim=True).to(rd)  # n times the rounding of the float32 mean
+        m_f = mf.to(rd) + fix / torch.where(n > 0, n, 1)
+        m2_f = ((dev * dev).sum(1, keepdim=True).to(rd) - fix * (m_f - mf.to(rd))).clamp_min(0)
+    if decay == 0:  # FRAME: each frame alone
+        own = NormState(n, m_f, m2_f)
+    else:
+        S0, S1 = decayed_cumsum(n, decay), decayed_cumsum(s1, decay)
+        mu = S1 / torch.where(S0 > 0, S0, 1)
+        prev_w, prev_mu = (F.pad(t[..., :-1], (1, 0)) for t in (decay * S0, mu))  # frame t - 1's, 0 before 0
+        c = n * prev_w / torch.where(S0 > 0, S0, 1) * (m_f - prev_mu).square()
+        own = NormState(S0, mu, decayed_cumsum(c if per_channel else c + m2_f, decay))
     s = own
     if state is not None and decay != 0:  # the decayed incoming state, merged in float64 (Chan: no cancellation)
         w0, m0, q0 = (t.reshape(B, -1, 1).to(rd) for t in state)
@@ -160,7 +166,8 @@ def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mod
         s = merge(rel, own, decay ** torch.arange(1, T + 1, device=x.device, dtype=rd))
     var = s.m2 / torch.where(s.w > 0, s.w, 1)
     r = _rstd(_live(var, valid, s.w).to(sd), eps, eps_mode)
-    y = _normalize(xk, s.m.to(sd), r, weight, bias, inplace)
+    # x - mu_t = (x - m_f) - (mu_t - m_f), the second from two float64 means
+    y = _normalize(dev, (s.m - mf.to(rd)).to(sd) if not per_channel else s.m.to(sd), r, weight, bias, inplace)
     y = (y if valid is None else torch.where(valid, y, 0)).to(x.dtype)
     if decay == 0 and state is not None:  # FRAME reads no state: zero gradients into its statistics
         y = _unused(y, state.m, state.m2)
