@@ -1,11 +1,12 @@
 """The PyTorch backend: any device, autograd by PyTorch, at about the cost of the sum/sumsq formula.
 
-Statistics are shifted sums: x - K, K frame 0's mean (per sequence, or per channel; each frame's own
-channel 0 for FRAME), so that a DC offset costs no digits. A pooled norm reduces its channels first
-(``var_mean`` over C: each frame's exact mean and spread), so its running part is only (B, T). Running
-sums accumulate in float64 (``cumsum``; EMA's decayed sums as scaled cumsums in blocks whose scale stays in
-float64's range), where E[(x-K)^2] - (mu-K)^2 keeps its digits. An incoming state joins by Chan's merge in
-float64. The normalization is one or two fused passes over x (``addcmul``).
+Values are shifted by K, frame 0's mean (per sequence, or per channel; each frame's own channel 0 for
+FRAME), so that a DC offset costs no digits. A pooled norm reduces its channels first (each frame's mean
+and the squares about it), so its running part is only (B, T). The running statistics follow Welford's
+recurrence in parallel form, in float64: decayed sums (``cumsum``; for EMA, scaled cumsums in blocks whose
+scale stays in float64's range) of the weights, of the means and of squared differences of means, which
+never cancel. An incoming state joins by Chan's merge in float64. The normalization reuses x - mean and is
+written in place where autograd needs nothing.
 """
 from __future__ import annotations
 
