@@ -259,7 +259,7 @@ def test_segmented_gradients(name, layout, span, scan, monkeypatch):
         class Spy:
             def __getitem__(self, grid):
                 def run(*a, **k):
-                    scans.append((a[1], k["LINEAR"]))
+                    scans.append((k["NSPAN"], k["LINEAR"]))
                     return real[grid](*a, **k)
                 return run
         monkeypatch.setattr(launch, "span_scan", Spy())
@@ -320,7 +320,7 @@ def test_span_scan_global_gradients(name, layout, monkeypatch):
     class Spy:
         def __getitem__(self, grid):
             def run(*a, **k):
-                scans.append((a[1], k["LINEAR"], k["ALL"]))
+                scans.append((k["NSPAN"], k["LINEAR"], k["ALL"]))
                 return real[grid](*a, **k)
             return run
     monkeypatch.setattr(launch, "span_scan", Spy())

@@ -247,7 +247,7 @@ def test_block_c_splits_per_channel_norms():
         mp.setattr(launch, "running_norm_fwd", Spy())
         with tile_size(block_t=8, block_c=2, window=2):
             tri("ccln", x)
-    assert seen == dict(grid=(2 * 3 * 5,), BLOCK_C=2, NCB=3, NT=5)
+    assert seen == dict(grid=(2 * 3 * 5, 1, 1), BLOCK_C=2, NCB=3, NT=5)
 
 
 @pytest.mark.parametrize("name", ["cln", "ccemaln"])
@@ -278,7 +278,7 @@ def test_segmented_walks_sum_then_walk_each_segment(name):
         with tile_size(block_t=4, block_c=2, strip=2, span=3, window=2):
             y = tri(name, xg, dev(w), dev(b))
             (gx,) = torch.autograd.grad((y * dev(x).cos()).sum(), xg)
-    assert launches == [((B * ncb * 4,), 1, True, 4), ((B * ncb * 4,), 2, True, 4)] * 2
+    assert launches == [((B * ncb * 4, 1, 1), 1, True, 4), ((B * ncb * 4, 1, 1), 2, True, 4)] * 2
     xr = x.double().requires_grad_()
     y_ref = ref(name, xr, w, b)
     check_output(y, dev(x), y_ref.detach(), F32, "y")

@@ -48,14 +48,14 @@ def test_backward_reads_dy_in_the_layout_of_y(cotangent, monkeypatch):
     agree to the bit."""
     x, w, b, lengths, sin, pc, decay, eps, outside, _, _, tiles = _args(False, 1.0, False, False, True)
     seen = []
-    real = tb.launch._launch
+    real = tb.launch._Step.__call__
 
-    def spy(kernel, p, tiles, x_, B, per_channel, **kw):
-        if "gy_ptr" in kw:
-            seen.append((kw["gy_ptr"].stride(), kw["gx_ptr"].stride()))
-        return real(kernel, p, tiles, x_, B, per_channel, **kw)
+    def spy(step, env, stream, aligned):
+        if "gy" in env:
+            seen.append((env["gy"].stride(), env["gx"].stride()))
+        return real(step, env, stream, aligned)
 
-    monkeypatch.setattr(tb.launch, "_launch", spy)
+    monkeypatch.setattr(tb.launch._Step, "__call__", spy)
     y, _, pre = tb.launch.forward(x.detach(), w, b, lengths, None, per_channel=False, decay=1.0, eps=eps,
                                   eps_outside=False, return_state=False, save=True, tiles=tiles)
     dense = torch.randn_like(y)

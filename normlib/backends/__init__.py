@@ -4,6 +4,10 @@
 takes ``x`` as a (B, C, T) view in any strides (a "b t c" input arrives permuted, not copied), ``decay``
 0 (FRAME), 1 (CUMULATIVE), alpha (EMA) or None (GLOBAL), and returns ``(y, state_out or None)`` with
 ``y`` of x's shape and dtype.
+
+``prepare(x, *, per_channel, decay, eps, eps_mode)`` returns ``call(x, weight, bias) -> y``: forward without
+lengths or states for inputs of x's shape, strides, dtype and device, with whatever can be decided once decided
+(a model calls each layer with one signature, step after step).
 """
 from __future__ import annotations
 
@@ -14,10 +18,12 @@ import torch
 from . import pytorch
 
 BACKENDS = {"torch": pytorch.forward}
+PREPARE = {"torch": pytorch.prepare}
 try:  # triton is optional: absent on macOS and Windows
     from . import triton as _triton_backend
 
     BACKENDS["triton"] = _triton_backend.forward
+    PREPARE["triton"] = _triton_backend.prepare
 except ImportError:  # pragma: no cover
     pass
 NAMES = ("auto", "torch", "triton")
@@ -30,14 +36,14 @@ def triton_usable(x: torch.Tensor) -> bool:
     return x.is_cuda or (x.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1")
 
 
-def resolve(backend: str, x: torch.Tensor):
-    """The one dispatch point: the backend's forward for this input."""
+def resolve(backend: str, x: torch.Tensor, table=BACKENDS):
+    """The one dispatch point: the backend's forward (or, with ``table=PREPARE``, prepare) for this input."""
     if backend == "auto":
         use = x.is_cuda and x.dtype != torch.float64 and triton_usable(x)
-        return BACKENDS["triton" if use else "torch"]
+        return table["triton" if use else "torch"]
     if backend == "triton" and not triton_usable(x):
         raise ValueError(
             f"backend='triton' needs a CUDA tensor (or TRITON_INTERPRET=1 for CPU tensors) and the triton "
             f"package; got a tensor on {x.device}"
         )
-    return BACKENDS[backend]
+    return table[backend]

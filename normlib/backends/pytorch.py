@@ -195,3 +195,11 @@ def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mod
         out = merge(state, out, torch.as_tensor(decay, dtype=rd, device=x.device) ** last.view(bshape))
     keep = (last == 0).view(bshape)  # no frame seen: the incoming state
     return y, NormState(*(torch.where(keep, p, o) for p, o in zip(state, out)))
+
+
+def prepare(x, *, per_channel, decay, eps, eps_mode):
+    """The backend contract's prepared call (normlib.backends): here, forward with the options bound."""
+    def call(x, weight, bias):
+        return forward(x, weight, bias, None, None, per_channel=per_channel, decay=decay, eps=eps, eps_mode=eps_mode,
+                       return_state=False)[0]
+    return call

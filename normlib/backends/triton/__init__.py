@@ -125,6 +125,45 @@ class _EagerNorm(torch.autograd.Function):
         return _grads(launch.backward, ctx, gy, gsout)
 
 
+class Prepared:
+    """``forward`` for one input signature without lengths or states (a model's call): the launch choices and
+    the no-grad forward prepared once. Stale (rebuilt) where launch choices may have changed: tile_size, a
+    launch module name set, deterministic algorithms switched."""
+
+    def __init__(self, x, per_channel, decay, eps, eps_mode):
+        self.x_meta = x.shape, x.stride(), x.dtype, x.device
+        self.opts = per_channel, decay, float(eps), eps_mode == "outside"
+        self._prepare(x)
+
+    def _prepare(self, x):
+        per_channel, decay, eps, outside = self.opts
+        self.epoch, self.det = launch.EPOCH[0], torch.are_deterministic_algorithms_enabled()
+        self.tiles = launch.tiles_for(x, per_channel, decay)
+        self.calls = {}  # (has weight, has bias): the prepared no-grad forward
+
+    def __call__(self, x, weight, bias):
+        if launch.EPOCH[0] != self.epoch or torch.are_deterministic_algorithms_enabled() != self.det:
+            self._prepare(x)
+        per_channel, decay, eps, outside = self.opts
+        if torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad)
+                                        or (bias is not None and bias.requires_grad)):
+            return _EagerNorm.apply(x, weight, bias, None, None, per_channel, decay, eps, outside, False, True,
+                                    self.tiles)[0]
+        weight, bias = launch._dense(weight), launch._dense(bias)
+        has = (weight is not None, bias is not None)
+        call = self.calls.get(has)
+        if call is None:
+            call = self.calls[has] = launch._Forward(*self.x_meta, per_channel, decay, eps, outside, *has, False,
+                                                     False, False, False, tuple(self.tiles))
+        return call(x, weight, bias, None, None)[0]
+
+
+def prepare(x, *, per_channel, decay, eps, eps_mode):
+    """The backend contract's prepared call (normlib.backends)."""
+    launch.check_input(x)
+    return Prepared(x, per_channel, decay, eps, eps_mode)
+
+
 def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mode, return_state):
     """The backend contract (normlib.backends)."""
     launch.check_input(x)

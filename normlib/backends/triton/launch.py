@@ -6,11 +6,13 @@ import functools
 import math
 import struct
 import sys
+import threading
 import types
 from typing import NamedTuple
 
 import torch
 import triton
+from triton import knobs
 
 from .kernels import running_norm_bwd, running_norm_fwd, span_scan, sum_partials
 
@@ -46,6 +48,8 @@ LEAN_BLOCKS = (4, 5)  # programs per SM of such a lean forward, "b c t" and "b t
 _OVERRIDE: dict = {}
 _WORKSPACES: dict = {}
 _TILES: dict = {}
+_CALLS: dict = {}  # prepared calls (_Forward, _Backward), by everything that decides them
+EPOCH = [0]  # bumped by _changed
 
 
 @contextlib.contextmanager
@@ -72,6 +76,7 @@ def tile_size(block_t=None, block_c=None, window=None, span=None, walk=None, war
     see EMA32_SPAN) or forbids per-channel EMA's float32 statistics; ``scan_block`` sets span_scan's
     statistics a program."""
     old = dict(_OVERRIDE)
+    _changed()
     _OVERRIDE.update({k: v for k, v in dict(block_t=block_t, block_c=block_c, window=window, span=span,
                                             walk=walk, warps=warps, strip=strip, bwd_block_c=bwd_block_c,
                                             bwd_warps=bwd_warps, hold=hold, bwd_hold=bwd_hold,
@@ -86,6 +91,14 @@ def tile_size(block_t=None, block_c=None, window=None, span=None, walk=None, war
     finally:
         _OVERRIDE.clear()
         _OVERRIDE.update(old)
+        _changed()
+
+
+def _changed():
+    """Launch choices may differ from here on: drop the prepared calls (their steps read _OVERRIDE) and tell the
+    backend's cached call paths (EPOCH)."""
+    _CALLS.clear()
+    EPOCH[0] += 1
 
 
 def ema32_for(per_channel, mode, log2d, block_t) -> bool:
@@ -461,17 +474,46 @@ def prefix_numel(shape, per_channel, decay, tiles) -> int:
     return shape[0] * p.ncb * p.nt * 3 * p.sc
 
 
-def _workspace(device, n_words):
+def _workspace(device, n_words, stream=None):
     """The look-back records (zeroed once, grown on demand) and the ticket counter of a device's current
     stream: launches on two streams may run at once, and sharing them would mix their tickets and records."""
-    key = (device, _stream_key(device))
+    key = (device, _stream_key(device) if stream is None else stream)
     ws = _WORKSPACES.get(key)
     if ws is None or ws.numel() < n_words:
-        ws = _WORKSPACES[key] = torch.zeros(max(n_words, 1 << 12), dtype=torch.int64, device=device)
+        if ws is not None:  # launches on the stream may still read it, and a graph may hold its address
+            _RETIRED.append(ws)
+        ws = _WORKSPACES[key] = _persistent_zeros(max(n_words, 1 << 12, 2 * (ws.numel() if ws is not None else 0)),
+                                                  device)
     ctr = _WORKSPACES.get(key + ("ctr",))
     if ctr is None:
-        ctr = _WORKSPACES[key + ("ctr",)] = torch.zeros(1, dtype=torch.int64, device=device)
+        ctr = _WORKSPACES[key + ("ctr",)] = _persistent_zeros(1, device)
     return ws, ctr
+
+
+_RETIRED: list = []
+
+
+def _persistent_zeros(n, device):
+    """int64 zeros that outlive any CUDA graph being warmed up or captured: on a GPU they are made by a helper
+    thread on a side stream, since cudagraph trees send the capturing thread's allocations to the graph's pool,
+    where a tensor kept past the call is an error ("tensors in the cudagraph pool not tracked as outputs")."""
+    if device.type != "cuda":
+        return torch.zeros(n, dtype=torch.int64, device=device)
+    out = []
+
+    def make():
+        with torch.cuda.device(device):
+            side = torch.cuda.Stream(device)
+            with torch.cuda.stream(side):
+                out.append(torch.zeros(n, dtype=torch.int64, device=device))
+            side.synchronize()
+
+    helper = threading.Thread(target=make)
+    helper.start()
+    helper.join()
+    if not out:
+        raise RuntimeError(f"normlib: could not allocate the look-back workspace on {device}")
+    return out[0]
 
 
 def _f32(v: float) -> float:
@@ -479,7 +521,8 @@ def _f32(v: float) -> float:
 
 
 def _stream_key(device) -> int:
-    return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    """The current stream of ``device`` (x's: made current by _device_guard), as the raw handle Triton takes."""
+    return torch._C._cuda_getCurrentRawStream(device.index) if device.type == "cuda" else 0
 
 
 def _device_guard(device):
@@ -490,49 +533,113 @@ def _device_guard(device):
     return contextlib.nullcontext()
 
 
-def _launch(kernel, p: Plan, tiles, x, B, per_channel, **kw):
-    with _device_guard(x.device):
-        _launch_here(kernel, p, tiles, x, B, per_channel, **kw)
+# ---------------------------------------------------------------------------------------------------
+# Prepared calls: what the host decides from shapes, strides, dtypes and flags, decided once
+# ---------------------------------------------------------------------------------------------------
+class _Role(str):
+    """A tensor argument of a prepared launch, by name: each call binds it to its own tensor of that name."""
 
 
-def _launch_here(kernel, p: Plan, tiles, x, B, per_channel, backward=False, maxnreg=0, lone=True, stages=1,
-                 walk_stages=1, **kw):
-    """Run the kernel: one launch with the look-back, or GLOBAL's two, or a plain grid for FRAME, or a
-    strip walk of each sequence, or SEG's two (segment sums, then walks of the segments)."""
+class _Step:
+    """One kernel launch of a prepared call: every argument fixed but its tensors (``_Role``). The first launch
+    goes through Triton's launcher, which compiles the kernel and returns it; later ones call that compiled
+    kernel's own launcher with the arguments in order, without Triton's per-call binding and specialization of
+    some 45 arguments. Only where the call's tensors are 16-byte aligned (Triton specializes on it, and the
+    ints are fixed by the key) and no launch hook (a profiler's) is set; else Triton's path."""
+
+    __slots__ = ("kernel", "grid", "kw", "roles", "bound")
+
+    def __init__(self, kernel, n, m=1, **kw):
+        self.kernel, self.grid, self.kw = kernel, (_grid(n), m, 1), kw
+        self.roles = tuple((k, v) for k, v in kw.items() if type(v) is _Role)
+        self.bound = None
+
+    def __call__(self, env, stream, aligned):
+        b = self.bound
+        if b is not None and aligned and knobs.runtime.launch_enter_hook is None:
+            run, function, meta, fixed, slots = b
+            args = fixed.copy()
+            for i, role in slots:
+                args[i] = env[role]
+            run(*self.grid, stream, function, meta, None, None, None, *args)
+            return
+        kw = dict(self.kw)
+        for name, role in self.roles:
+            kw[name] = env[role]
+        compiled = self.kernel[self.grid](**kw)
+        if b is None and aligned:
+            self.bound = _bind(self.kernel, compiled, kw, self.roles)
+
+
+def _bind(kernel, compiled, kw, roles):
+    """(launcher, function, metadata, the arguments in the kernel's order, the tensors' places in it) of a
+    compiled kernel; None where there is none (Triton's interpreter)."""
+    try:
+        run, function, meta = compiled.run, compiled.function, compiled.packed_metadata
+    except AttributeError:
+        return None
+    where = dict(roles)
+    fixed, slots = [], []
+    for i, param in enumerate(kernel.params):
+        name = kernel.arg_names[i]
+        if name in where:
+            slots.append((i, where[name]))
+        fixed.append(kw[name] if name in kw else param.default)
+    return run, function, meta, fixed, tuple(slots)
+
+
+def _aligned(*tensors) -> bool:
+    bits = 0
+    for t in tensors:
+        if t is not None:
+            bits |= t.data_ptr()
+    return not bits & 15
+
+
+def _steps(kernel, p: Plan, tiles, shape, device, per_channel, backward=False, maxnreg=0, lone=True, stages=1,
+           walk_stages=1, **kw):
+    """The launches of a call, and the workspace they take (None, ("span", float32 words) or ("lookback", int64
+    words)): one launch with the look-back, or GLOBAL's two, or a plain grid for FRAME, or a strip walk of each
+    sequence, or SEG's two (segment sums, then walks of the segments), with span_scan between where there are
+    many segments."""
+    B = shape[0]
     strip = bool(tiles[7])
-    flags = dict(POOL_ALL=not per_channel, MODE=p.mode, EMA32=ema32_for(per_channel, p.mode, p.log2d, p.block_t), BLOCK_C=p.block_c, BLOCK_T=p.block_t, WINDOW=p.window,
+    flags = dict(POOL_ALL=not per_channel, MODE=p.mode, EMA32=ema32_for(per_channel, p.mode, p.log2d, p.block_t),
+                 BLOCK_C=p.block_c, BLOCK_T=p.block_t, WINDOW=p.window,
                  DETERMINISTIC=bool(tiles[6]), AGG_ONLY=bool(tiles[5]), STRIP=strip, HOLD=bool(tiles[8]),
                  LONE=bool(lone), STAGES=stages, WALK_STAGES=walk_stages, num_warps=p.warps,
                  **({"maxnreg": maxnreg} if maxnreg else {}))
-    sizes = dict(B=B, C=x.shape[1], T=x.shape[2], NCB=p.ncb, NT=p.nt, NSPAN=p.nspan, log2d=p.log2d)
+    sizes = dict(B=B, C=shape[1], T=shape[2], NCB=p.ncb, NT=p.nt, NSPAN=p.nspan, log2d=p.log2d)
+    kw = dict(kw, **sizes, **flags)
+    x, ws, ctr = _Role("x"), _Role("ws"), _Role("ctr")
+    spans = ("span", B * p.ncb * p.nspan * 3 * p.sc)
     if p.mode == GLOBAL and strip:  # one launch: each program sums its sequence, then normalizes it
-        kernel[_grid(B * p.ncb)](**kw, ws_ptr=x, ctr_ptr=x, **sizes, PHASE=2, SPAN=1, **flags)
-    elif p.mode == GLOBAL:
-        grids = (1, _grid(B * p.ncb * p.nspan)), (2, _grid(B * p.ncb * p.nt))
-        ws = torch.empty(B * p.ncb * p.nspan * 3 * p.sc, dtype=torch.float32, device=x.device)
+        return [_Step(kernel, B * p.ncb, **kw, ws_ptr=x, ctr_ptr=x, PHASE=2, SPAN=1)], None
+    if p.mode == GLOBAL:
         scanned = p.nspan > SCAN_SPANS
-        for phase, grid in grids:
-            if phase == 2 and scanned:
-                _scan_spans(ws, p, B, backward, 0.0, True)
-            kernel[grid](**kw, ws_ptr=ws, ctr_ptr=ws, **sizes, PHASE=phase, SPAN=p.span,
-                         SCANNED=phase == 2 and scanned, **flags)
-    elif p.mode == FRAME:
-        kernel[_grid(B * p.ncb * p.nt)](**kw, ws_ptr=x, ctr_ptr=x, **sizes, PHASE=0, SPAN=1, **flags)
-    elif tiles[7] == 2:  # SEG: each program sums a segment, then each walks one (one segment: nothing to sum)
-        grid = _grid(B * p.ncb * p.nspan)
-        ws = torch.empty(B * p.ncb * p.nspan * 3 * p.sc, dtype=torch.float32, device=x.device)
+        steps = [_Step(kernel, B * p.ncb * p.nspan, **kw, ws_ptr=ws, ctr_ptr=ws, PHASE=1, SPAN=p.span,
+                       SCANNED=False)]
+        if scanned:
+            steps.append(_scan_step(p, B, backward, 0.0, True, device))
+        steps.append(_Step(kernel, B * p.ncb * p.nt, **kw, ws_ptr=ws, ctr_ptr=ws, PHASE=2, SPAN=p.span,
+                           SCANNED=scanned))
+        return steps, spans
+    if p.mode == FRAME:
+        return [_Step(kernel, B * p.ncb * p.nt, **kw, ws_ptr=x, ctr_ptr=x, PHASE=0, SPAN=1)], None
+    if tiles[7] == 2:  # SEG: each program sums a segment, then each walks one (one segment: nothing to sum)
         scanned = p.nspan > SCAN_SPANS
+        steps = []
         for phase in (1, 2) if p.nspan > 1 else (2,):
             if phase == 2 and scanned:
-                _scan_spans(ws, p, B, backward, p.log2d * p.block_t * triton.cdiv(p.nt, p.nspan), False)
-            kernel[grid](**kw, ws_ptr=ws, ctr_ptr=ws, **sizes, PHASE=phase, SPAN=1, SEG=True,
-                         SCANNED=phase == 2 and scanned, **flags)
-    elif strip:  # one program per sequence walks its tiles
-        kernel[_grid(B * p.ncb)](**kw, ws_ptr=x, ctr_ptr=x, **sizes, PHASE=0, SPAN=1, **flags)
-    else:
-        grid = _grid(B * p.ncb * p.nt)  # before its workspace, which would not fit either
-        ws, ctr = _workspace(x.device, B * p.ncb * p.nt * 6 * p.sc)
-        kernel[grid](**kw, ws_ptr=ws, ctr_ptr=ctr, **sizes, PHASE=0, SPAN=1, **flags)
+                steps.append(_scan_step(p, B, backward, p.log2d * p.block_t * triton.cdiv(p.nt, p.nspan), False,
+                                        device))
+            steps.append(_Step(kernel, B * p.ncb * p.nspan, **kw, ws_ptr=ws, ctr_ptr=ws, PHASE=phase, SPAN=1,
+                               SEG=True, SCANNED=phase == 2 and scanned))
+        return steps, spans
+    if strip:  # one program per sequence walks its tiles
+        return [_Step(kernel, B * p.ncb, **kw, ws_ptr=x, ctr_ptr=x, PHASE=0, SPAN=1)], None
+    return [_Step(kernel, B * p.ncb * p.nt, **kw, ws_ptr=ws, ctr_ptr=ctr, PHASE=0, SPAN=1)], \
+        ("lookback", B * p.ncb * p.nt * 6 * p.sc)
 
 
 MAX_PROGRAMS = 2**31 - 1  # a CUDA grid's first dimension
@@ -544,18 +651,30 @@ def _grid(n):
     if n > MAX_PROGRAMS:
         raise ValueError(f"backend='triton' launches one program per tile here, and this input needs {n} "
                          f"(more than 2^31 - 1): split the batch, or use backend='torch'")
-    return (n,)
+    return n
 
 
-def _scan_spans(ws, p: Plan, B, backward, log2d_span, whole):
+def _scan_step(p: Plan, B, backward, log2d_span, whole, device):
     """span_scan over the span records of each of the B x NCB sequences (whole: GLOBAL's, all of them)."""
     # 4 statistics a program, or 1 where that leaves SMs idle: each program walks every span in turn (ccln
     # (1, 128, 256000) bf16 "b t c": 32 programs of 4 over 1561 spans took 58 of the forward's 204 µs)
-    full = B * p.ncb * triton.cdiv(p.sc, 4) >= _num_sms(ws.device)
+    full = B * p.ncb * triton.cdiv(p.sc, 4) >= _num_sms(device)
     bs = min(p.sc, _OVERRIDE.get("scan_block", 4 if full else 1))
-    span_scan[(B * p.ncb, triton.cdiv(p.sc, bs))](ws, p.nspan, log2d_span, SC=p.sc,
-                                                  BLOCK_R=min(SCAN_ROWS, triton.next_power_of_2(p.nspan)),
-                                                  BLOCK_S=bs, LINEAR=backward, ALL=whole, num_warps=4)
+    return _Step(span_scan, B * p.ncb, triton.cdiv(p.sc, bs), ws_ptr=_Role("ws"), NSPAN=p.nspan,
+                 log2d_span=log2d_span, SC=p.sc, BLOCK_R=min(SCAN_ROWS, triton.next_power_of_2(p.nspan)),
+                 BLOCK_S=bs, LINEAR=backward, ALL=whole, num_warps=4)
+
+
+def _run(steps, need, env, device, aligned):
+    """Run a prepared call's launches on x's device and its current stream, with their workspace."""
+    with _device_guard(device):
+        stream = _stream_key(device)
+        if need is not None and need[0] == "span":
+            env["ws"] = torch.empty(need[1], dtype=torch.float32, device=device)
+        elif need is not None:
+            env["ws"], env["ctr"] = _workspace(device, need[1], stream)
+        for step in steps:
+            step(env, stream, aligned)
 
 
 @functools.lru_cache(maxsize=4096)  # on every launch: a small call's host path is longer than its kernel
@@ -584,82 +703,140 @@ def check_input(x):
                          "(backend='torch' takes any)")
 
 
+def _like_strides(shape, strides):
+    """The strides of torch.empty_like of a tensor of this shape and these strides (x's own where they are dense)."""
+    return torch.empty_like(torch.empty_strided(shape, strides, device="meta")).stride()
+
+
+def _prepared(cls, *key):
+    call = _CALLS.get(key)
+    if call is None:
+        if len(_CALLS) > 4096:  # many distinct shapes (variable-length streams): start over
+            _CALLS.clear()
+        call = _CALLS[key] = cls(*key)
+    return call
+
+
+class _Forward:
+    """``forward`` for one signature: shape, strides, dtype, device, options, which inputs are given, tiles."""
+
+    def __init__(self, shape, strides, dtype, device, per_channel, decay, eps, eps_outside, has_w, has_b,
+                 has_len, has_sin, return_state, save, tiles):
+        B, C, T = shape
+        p = self.p = plan(shape, per_channel, decay, tiles)
+        self.shape, self.device = (B, C, T), device
+        self.nsc, self.return_state, self.numel = C if per_channel else 1, return_state, B * C * T
+        self.has_sin = has_sin and p.mode != FRAME  # FRAME ignores the incoming state's statistics
+        # FRAME writes none of the prefixes and GLOBAL only tile 0's entries: zeros there, not garbage
+        self.pre = (prefix_numel(shape, per_channel, decay, tiles), p.mode in (CUMULATIVE, EMA)) if save else None
+        ys = _like_strides(shape, strides)
+        R = _Role
+        self.steps, self.need = _steps(
+            running_norm_fwd, p, tiles, shape, device, per_channel, maxnreg=tiles[14], lone=tiles[16],
+            stages=tiles[17], walk_stages=tiles[19], x_ptr=R("x"), y_ptr=R("y"), w_ptr=R("w"), b_ptr=R("b"),
+            len_ptr=R("len"), sin_ptr=R("sin"), sout_ptr=R("sout"), pre_ptr=R("pre"), sxb=strides[0],
+            sxc=strides[1], sxt=strides[2], syb=ys[0], syc=ys[1], syt=ys[2], eps=eps,
+            log2d_lo=p.log2d - _f32(p.log2d), HAS_W=has_w, HAS_B=has_b, HAS_LEN=has_len, HAS_SIN=self.has_sin,
+            STORE_SOUT=return_state, STORE_PREFIX=save, EPS_OUTSIDE=eps_outside,
+            **vec_for(shape, (tuple(strides), ys)))
+
+    def __call__(self, x, weight, bias, lengths, sin):
+        y = torch.empty_like(x)
+        sout = pre = None
+        if self.return_state:  # rows with lengths == 0 keep the incoming state (or the empty one)
+            sout = sin.clone() if sin is not None else \
+                torch.zeros(3, self.shape[0], self.nsc, dtype=torch.float64, device=x.device)
+        if self.pre is not None:
+            pre = (torch.empty if self.pre[1] else torch.zeros)(self.pre[0], dtype=torch.float32, device=x.device)
+        if not self.numel:
+            return y.zero_(), sout, pre
+        sin = sin if self.has_sin else None
+        env = {"x": x, "y": y, "w": _or(weight, y), "b": _or(bias, y), "len": _or(lengths, y),
+               "sin": _or(sin, y), "sout": _or(sout, y), "pre": _or(pre, y)}
+        _run(self.steps, self.need, env, self.device, _aligned(x, weight, bias, lengths, sin))
+        return y, sout, pre
+
+
+class _Backward:
+    """``backward`` for one signature, as _Forward."""
+
+    def __init__(self, shape, strides, dtype, device, per_channel, decay, eps, eps_outside, has_w, has_len,
+                 has_sin, has_gsout, need_weight_grads, tiles):
+        B, C, T = shape
+        maxnreg, lone, stages, walk_stages = tiles[15], tiles[16], tiles[18], tiles[20]
+        tiles = backward_tiles(tiles)
+        p = self.p = plan(shape, per_channel, decay, tiles)
+        self.shape, self.device, self.nsc, self.numel = (B, C, T), device, C if per_channel else 1, B * C * T
+        self.gs = _like_strides(shape, strides)  # dx's strides, and dy's (see __call__)
+        self.has_sin, self.has_gsout, self.need_w = has_sin, has_gsout, need_weight_grads
+        R, gs = _Role, self.gs
+        self.steps, self.need = _steps(
+            running_norm_bwd, p, tiles, shape, device, per_channel, backward=True, maxnreg=maxnreg, lone=lone,
+            stages=stages, walk_stages=walk_stages, x_ptr=R("x"), gy_ptr=R("gy"), gx_ptr=R("gx"), w_ptr=R("w"),
+            len_ptr=R("len"), sin_ptr=R("sin"), gsout_ptr=R("gsout"), gsin_ptr=R("gsin"), pre_ptr=R("pre"),
+            gwp_ptr=R("gwp"), gbp_ptr=R("gbp"), sxb=strides[0], sxc=strides[1], sxt=strides[2], sgb=gs[0],
+            sgc=gs[1], sgt=gs[2], sdb=gs[0], sdc=gs[1], sdt=gs[2], eps=eps, HAS_W=has_w, HAS_LEN=has_len,
+            HAS_SIN=has_sin and p.mode != FRAME, HAS_GSOUT=has_gsout, STORE_GW=need_weight_grads,
+            EPS_OUTSIDE=eps_outside, **vec_for(shape, (tuple(strides), gs, gs)),
+            FLIP=per_channel and p.warps == 1 and p.mode in (CUMULATIVE, EMA))  # frames in lanes: _cumsum
+        self.sums = None
+        if need_weight_grads and C:  # dweight and dbias from the per-tile partials (see weight_grads)
+            self.sums = _Step(sum_partials, triton.cdiv(C, 8), 2, p_ptr=R("gwp"), gw_ptr=R("gw"), gb_ptr=R("gb"),
+                              R=B * p.nt, C=C, BLOCK_R=512, BLOCK_C=8, num_warps=4)
+
+    def __call__(self, gy, gsout, x, weight, lengths, sin, pre):
+        B, C, T = self.shape
+        gx = torch.empty_like(x)
+        if gy.stride() != self.gs and any(n > 1 and a != b for n, a, b in zip(gx.shape, gy.stride(), self.gs)):
+            # dy in y's layout: an expanded dy (the cotangent of y.sum()) or another layout would compile another
+            # specialization, whose rounding differs from what torch.compile's AOT (which makes dy dense) gets
+            gy = torch.empty_like(x).copy_(gy)
+        gsin = torch.zeros(3, B, self.nsc, dtype=torch.float64, device=x.device) if sin is not None else None
+        gwp = torch.empty(2, B, self.p.nt, C, dtype=torch.float32, device=x.device) if self.need_w else None
+        gw, gb = (torch.empty(C, dtype=torch.float32, device=x.device) for _ in range(2)) if self.need_w else \
+            (None, None)
+        if self.numel:
+            env = {"x": x, "gy": gy, "gx": gx, "w": _or(weight, gx), "len": _or(lengths, gx),
+                   "sin": _or(sin if self.p.mode != FRAME else None, gx), "gsout": _or(gsout, gx),
+                   "gsin": _or(gsin if self.p.mode != FRAME else None, gx), "pre": pre,
+                   "gwp": gwp[0] if gwp is not None else gx, "gbp": gwp[1] if gwp is not None else gx}
+            _run(self.steps, self.need, env, self.device, _aligned(x, gy, weight, lengths, sin, gsout))
+        else:
+            gx.zero_()
+            if gwp is not None:
+                gwp.zero_()
+        if gsin is not None and gsout is not None:  # a sequence with no value passed its state straight through
+            if not self.numel:  # T = 0 or C = 0
+                gsin = gsin + gsout
+            elif lengths is not None:
+                gsin = torch.where((lengths == 0).view(1, B, 1), gsin + gsout, gsin)
+        if gsin is not None:  # a state's weight is a count, which nothing differentiable moves: no gradient
+            gsin[0] = 0
+        if self.sums is not None:
+            _run([self.sums], None, {"gwp": gwp, "gw": gw, "gb": gb}, self.device, True)
+        return gx, gw, gb, gsin
+
+
 def forward(x, weight, bias, lengths, sin, *, per_channel, decay, eps, eps_outside, return_state, save,
             tiles):
     """y, the outgoing state as a (3, B, C|1) float64 tensor (or None) and, with ``save``, the tiles'
     prefixes that ``backward`` needs (or None). ``sin`` is the incoming state stacked the same way."""
-    B, C, T = x.shape
-    p = plan(x.shape, per_channel, decay, tiles)
-    nsc = C if per_channel else 1
     weight, bias, lengths, sin = (_dense(t) for t in (weight, bias, lengths, sin))
-    y = torch.empty_like(x)
-    sout = None
-    if return_state:  # rows with lengths == 0 keep the incoming state (or the empty one)
-        sout = sin.clone() if sin is not None else torch.zeros(3, B, nsc, dtype=torch.float64, device=x.device)
-    if p.mode == FRAME:
-        sin = None  # FRAME ignores the incoming state's statistics
-    pre = None
-    if save:  # FRAME writes none of it and GLOBAL only tile 0's entries: zeros there, not garbage
-        alloc = torch.empty if p.mode in (CUMULATIVE, EMA) else torch.zeros
-        pre = alloc(prefix_numel(x.shape, per_channel, decay, tiles), dtype=torch.float32, device=x.device)
-    if x.numel():
-        _launch(running_norm_fwd, p, tiles, x, B, per_channel, maxnreg=tiles[14], lone=tiles[16],
-                stages=tiles[17], walk_stages=tiles[19], x_ptr=x, y_ptr=y,
-                w_ptr=_or(weight, y), b_ptr=_or(bias, y), len_ptr=_or(lengths, y), sin_ptr=_or(sin, y),
-                sout_ptr=_or(sout, y), pre_ptr=_or(pre, y), sxb=x.stride(0), sxc=x.stride(1), sxt=x.stride(2),
-                syb=y.stride(0), syc=y.stride(1), syt=y.stride(2), eps=eps, log2d_lo=p.log2d - _f32(p.log2d),
-                HAS_W=weight is not None, HAS_B=bias is not None, HAS_LEN=lengths is not None,
-                HAS_SIN=sin is not None, STORE_SOUT=sout is not None, STORE_PREFIX=pre is not None,
-                EPS_OUTSIDE=eps_outside, **vec_for(x.shape, (x.stride(), y.stride())))
-    else:
-        y.zero_()
-    return y, sout, pre
+    call = _prepared(_Forward, x.shape, x.stride(), x.dtype, x.device, per_channel, decay, eps, eps_outside,
+                     weight is not None, bias is not None, lengths is not None, sin is not None, return_state, save,
+                     tuple(tiles))
+    return call(x, weight, bias, lengths, sin)
 
 
 def backward(gy, gsout, x, weight, lengths, sin, pre, *, per_channel, decay, eps, eps_outside,
              need_weight_grads, tiles):
     """Gradients of ``forward``: (dx, dweight, dbias, dstate as (3, B, C|1) float64, or None where not
     asked). ``gsout`` is the (3, B, C|1) gradient of the returned state, or None."""
-    B, C, T = x.shape
-    maxnreg, lone, stages, walk_stages = tiles[15], tiles[16], tiles[18], tiles[20]
-    tiles = backward_tiles(tiles)
-    p = plan(x.shape, per_channel, decay, tiles)
-    nsc = C if per_channel else 1
     weight, lengths, sin, gsout = (_dense(t) for t in (weight, lengths, sin, gsout))
-    gx = torch.empty_like(x)
-    if any(n > 1 and a != b for n, a, b in zip(gx.shape, gy.stride(), gx.stride())):
-        # dy in y's layout: an expanded dy (the cotangent of y.sum()) or another layout would compile another
-        # specialization, whose rounding differs from what torch.compile's AOT (which makes dy dense) gets
-        gy = torch.empty_like(x).copy_(gy)
-    gsin = torch.zeros(3, B, nsc, dtype=torch.float64, device=x.device) if sin is not None else None
-    if p.mode == FRAME:
-        sin = None
-    gwp = torch.empty(2, B, p.nt, C, dtype=torch.float32, device=x.device) if need_weight_grads else None
-    if x.numel():
-        _launch(running_norm_bwd, p, tiles, x, B, per_channel, backward=True, maxnreg=maxnreg, lone=lone,
-                stages=stages, walk_stages=walk_stages, x_ptr=x,
-                gy_ptr=gy, gx_ptr=gx, w_ptr=_or(weight, gx), len_ptr=_or(lengths, gx), sin_ptr=_or(sin, gx),
-                gsout_ptr=_or(gsout, gx), gsin_ptr=_or(gsin if sin is not None else None, gx), pre_ptr=pre,
-                gwp_ptr=gwp[0] if gwp is not None else gx, gbp_ptr=gwp[1] if gwp is not None else gx,
-                sxb=x.stride(0), sxc=x.stride(1), sxt=x.stride(2), sgb=gy.stride(0), sgc=gy.stride(1),
-                sgt=gy.stride(2), sdb=gx.stride(0), sdc=gx.stride(1), sdt=gx.stride(2), eps=eps,
-                HAS_W=weight is not None, HAS_LEN=lengths is not None, HAS_SIN=sin is not None,
-                HAS_GSOUT=gsout is not None, STORE_GW=gwp is not None, EPS_OUTSIDE=eps_outside,
-                **vec_for(x.shape, (x.stride(), gy.stride(), gx.stride())),
-                FLIP=per_channel and p.warps == 1 and p.mode in (CUMULATIVE, EMA))  # frames in lanes: _cumsum
-    else:
-        gx.zero_()
-        if gwp is not None:
-            gwp.zero_()
-    if gsin is not None and gsout is not None:  # a sequence with no value passed its state straight through
-        if not x.numel():  # T = 0 or C = 0
-            gsin = gsin + gsout
-        elif lengths is not None:
-            gsin = torch.where((lengths == 0).view(1, B, 1), gsin + gsout, gsin)
-    if gsin is not None:  # a state's weight is a count, which nothing differentiable moves: no gradient
-        gsin[0] = 0
-    gw, gb = weight_grads(gwp.view(2, B * p.nt, C)) if gwp is not None else (None, None)
-    return gx, gw, gb, gsin
+    call = _prepared(_Backward, x.shape, x.stride(), x.dtype, x.device, per_channel, decay, eps, eps_outside,
+                     weight is not None, lengths is not None, sin is not None, gsout is not None, need_weight_grads,
+                     tuple(tiles))
+    return call(gy, gsout, x, weight, lengths, sin, pre)
 
 
 def weight_grads(parts):
@@ -669,8 +846,9 @@ def weight_grads(parts):
     _, R, C = parts.shape
     gw, gb = (torch.empty(C, dtype=torch.float32, device=parts.device) for _ in range(2))  # outputs may not alias
     if C:
-        with _device_guard(parts.device):
-            sum_partials[(triton.cdiv(C, 8), 2)](parts, gw, gb, R, C, BLOCK_R=512, BLOCK_C=8, num_warps=4)
+        step = _Step(sum_partials, triton.cdiv(C, 8), 2, p_ptr=_Role("p"), gw_ptr=_Role("gw"), gb_ptr=_Role("gb"),
+                     R=R, C=C, BLOCK_R=512, BLOCK_C=8, num_warps=4)
+        _run([step], None, {"p": parts, "gw": gw, "gb": gb}, parts.device, False)
     return gw, gb
 
 
@@ -685,12 +863,14 @@ def _or(t, dummy):
 
 class _Launcher(types.ModuleType):
     """This module: assigning one of its names (a threshold or a helper, as an A/B run or a test does) drops
-    the launch choices that ``tiles_for`` cached under the old one; its key holds the input, not them."""
+    the launch choices that ``tiles_for`` cached under the old one (its key holds the input, not them) and the
+    prepared calls."""
 
     def __setattr__(self, name, value):
         super().__setattr__(name, value)
-        if name != "_TILES":
+        if name not in ("_TILES", "_CALLS", "EPOCH"):
             _TILES.clear()
+            _changed()
 
 
 sys.modules[__name__].__class__ = _Launcher
