@@ -125,10 +125,30 @@ class _EagerNorm(torch.autograd.Function):
         return _grads(launch.backward, ctx, gy, gsout)
 
 
+class _PreparedNorm(torch.autograd.Function):
+    """_EagerNorm for a prepared call: no lengths, no state, the forward and backward prepared."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, prep):
+        y, _, pre = prep.forward(True, weight is not None, bias is not None)(x, weight, bias, None, None)
+        ctx.save_for_backward(x, weight, pre)
+        ctx.prep = prep
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, gy):
+        x, weight, pre = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        gx, gw, gb, _ = ctx.prep.backward(need[1] or need[2], weight is not None)(gy, None, x, weight, None, None,
+                                                                                   pre)
+        return gx, gw if need[1] else None, gb if need[2] else None, None
+
+
 class Prepared:
     """``forward`` for one input signature without lengths or states (a model's call): the launch choices and
-    the no-grad forward prepared once. Stale (rebuilt) where launch choices may have changed: tile_size, a
-    launch module name set, deterministic algorithms switched."""
+    both passes prepared once. Stale (rebuilt) where launch choices may have changed: tile_size, a launch
+    module name set, deterministic algorithms switched."""
 
     def __init__(self, x, per_channel, decay, eps, eps_mode):
         self.x_meta = x.shape, x.stride(), x.dtype, x.device
@@ -136,26 +156,35 @@ class Prepared:
         self._prepare(x)
 
     def _prepare(self, x):
-        per_channel, decay, eps, outside = self.opts
         self.epoch, self.det = launch.EPOCH[0], torch.are_deterministic_algorithms_enabled()
-        self.tiles = launch.tiles_for(x, per_channel, decay)
-        self.calls = {}  # (has weight, has bias): the prepared no-grad forward
+        self.tiles = tuple(launch.tiles_for(x, self.opts[0], self.opts[1]))
+        self.calls = {}
+
+    def forward(self, save, has_w, has_b):
+        key = ("f", save, has_w, has_b)
+        call = self.calls.get(key)
+        if call is None:
+            call = self.calls[key] = launch._Forward(*self.x_meta, *self.opts, has_w, has_b, False, False, False,
+                                                     save, self.tiles)
+        return call
+
+    def backward(self, need_w, has_w):
+        key = ("b", need_w, has_w)
+        call = self.calls.get(key)
+        if call is None:
+            call = self.calls[key] = launch._Backward(*self.x_meta, *self.opts, has_w, False, False, False, need_w,
+                                                      self.tiles)
+        return call
 
     def __call__(self, x, weight, bias):
         if launch.EPOCH[0] != self.epoch or torch.are_deterministic_algorithms_enabled() != self.det:
             self._prepare(x)
-        per_channel, decay, eps, outside = self.opts
+        weight = weight if weight is None or weight.is_contiguous() else weight.contiguous()
+        bias = bias if bias is None or bias.is_contiguous() else bias.contiguous()
         if torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad)
                                         or (bias is not None and bias.requires_grad)):
-            return _EagerNorm.apply(x, weight, bias, None, None, per_channel, decay, eps, outside, False, True,
-                                    self.tiles)[0]
-        weight, bias = launch._dense(weight), launch._dense(bias)
-        has = (weight is not None, bias is not None)
-        call = self.calls.get(has)
-        if call is None:
-            call = self.calls[has] = launch._Forward(*self.x_meta, per_channel, decay, eps, outside, *has, False,
-                                                     False, False, False, tuple(self.tiles))
-        return call(x, weight, bias, None, None)[0]
+            return _PreparedNorm.apply(x, weight, bias, self)
+        return self.forward(False, weight is not None, bias is not None)(x, weight, bias, None, None)[0]
 
 
 def prepare(x, *, per_channel, decay, eps, eps_mode):

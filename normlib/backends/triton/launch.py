@@ -556,7 +556,8 @@ class _Step:
 
     def __call__(self, env, stream, aligned):
         b = self.bound
-        if b is not None and aligned and knobs.runtime.launch_enter_hook is None:
+        hook = knobs.runtime.launch_enter_hook  # an empty HookChain, unless a profiler has added one
+        if b is not None and aligned and (hook is None or not getattr(hook, "calls", True)):
             run, function, meta, fixed, slots = b
             args = fixed.copy()
             for i, role in slots:
@@ -779,32 +780,36 @@ class _Backward:
             HAS_SIN=has_sin and p.mode != FRAME, HAS_GSOUT=has_gsout, STORE_GW=need_weight_grads,
             EPS_OUTSIDE=eps_outside, **vec_for(shape, (tuple(strides), gs, gs)),
             FLIP=per_channel and p.warps == 1 and p.mode in (CUMULATIVE, EMA))  # frames in lanes: _cumsum
-        self.sums = None
-        if need_weight_grads and C:  # dweight and dbias from the per-tile partials (see weight_grads)
-            self.sums = _Step(sum_partials, triton.cdiv(C, 8), 2, p_ptr=R("gwp"), gw_ptr=R("gw"), gb_ptr=R("gb"),
-                              R=B * p.nt, C=C, BLOCK_R=512, BLOCK_C=8, num_warps=4)
+        if need_weight_grads and C:  # then dweight and dbias from the per-tile partials (see weight_grads)
+            self.steps.append(_Step(sum_partials, triton.cdiv(C, 8), 2, p_ptr=R("parts"), gw_ptr=R("gw"),
+                                    gb_ptr=R("gb"), R=B * p.nt, C=C, BLOCK_R=512, BLOCK_C=8, num_warps=4))
 
     def __call__(self, gy, gsout, x, weight, lengths, sin, pre):
         B, C, T = self.shape
         gx = torch.empty_like(x)
-        if gy.stride() != self.gs and any(n > 1 and a != b for n, a, b in zip(gx.shape, gy.stride(), self.gs)):
+        if gy.stride() != self.gs and any(n > 1 and a != b for n, a, b in zip(self.shape, gy.stride(), self.gs)):
             # dy in y's layout: an expanded dy (the cotangent of y.sum()) or another layout would compile another
             # specialization, whose rounding differs from what torch.compile's AOT (which makes dy dense) gets
             gy = torch.empty_like(x).copy_(gy)
         gsin = torch.zeros(3, B, self.nsc, dtype=torch.float64, device=x.device) if sin is not None else None
-        gwp = torch.empty(2, B, self.p.nt, C, dtype=torch.float32, device=x.device) if self.need_w else None
-        gw, gb = (torch.empty(C, dtype=torch.float32, device=x.device) for _ in range(2)) if self.need_w else \
-            (None, None)
+        gwp = gw = gb = None
+        if self.need_w:  # outputs may not alias
+            gwp = torch.empty(2, B, self.p.nt, C, dtype=torch.float32, device=x.device)
+            gw = torch.empty(C, dtype=torch.float32, device=x.device)
+            gb = torch.empty(C, dtype=torch.float32, device=x.device)
         if self.numel:
             env = {"x": x, "gy": gy, "gx": gx, "w": _or(weight, gx), "len": _or(lengths, gx),
                    "sin": _or(sin if self.p.mode != FRAME else None, gx), "gsout": _or(gsout, gx),
                    "gsin": _or(gsin if self.p.mode != FRAME else None, gx), "pre": pre,
-                   "gwp": gwp[0] if gwp is not None else gx, "gbp": gwp[1] if gwp is not None else gx}
+                   "gwp": gwp[0] if gwp is not None else gx, "gbp": gwp[1] if gwp is not None else gx,
+                   "gw": gw, "gb": gb, "parts": gwp}
             _run(self.steps, self.need, env, self.device, _aligned(x, gy, weight, lengths, sin, gsout))
+        elif gwp is not None:
+            gx.zero_()
+            gwp.zero_()
+            _run(self.steps[-1:], None, {"parts": gwp, "gw": gw, "gb": gb}, self.device, True)
         else:
             gx.zero_()
-            if gwp is not None:
-                gwp.zero_()
         if gsin is not None and gsout is not None:  # a sequence with no value passed its state straight through
             if not self.numel:  # T = 0 or C = 0
                 gsin = gsin + gsout
@@ -812,8 +817,6 @@ class _Backward:
                 gsin = torch.where((lengths == 0).view(1, B, 1), gsin + gsout, gsin)
         if gsin is not None:  # a state's weight is a count, which nothing differentiable moves: no gradient
             gsin[0] = 0
-        if self.sums is not None:
-            _run([self.sums], None, {"gwp": gwp, "gw": gw, "gb": gb}, self.device, True)
         return gx, gw, gb, gsin
 
 
@@ -846,9 +849,9 @@ def weight_grads(parts):
     _, R, C = parts.shape
     gw, gb = (torch.empty(C, dtype=torch.float32, device=parts.device) for _ in range(2))  # outputs may not alias
     if C:
-        step = _Step(sum_partials, triton.cdiv(C, 8), 2, p_ptr=_Role("p"), gw_ptr=_Role("gw"), gb_ptr=_Role("gb"),
-                     R=R, C=C, BLOCK_R=512, BLOCK_C=8, num_warps=4)
-        _run([step], None, {"p": parts, "gw": gw, "gb": gb}, parts.device, False)
+        step = _Step(sum_partials, triton.cdiv(C, 8), 2, p_ptr=_Role("parts"), gw_ptr=_Role("gw"),
+                     gb_ptr=_Role("gb"), R=R, C=C, BLOCK_R=512, BLOCK_C=8, num_warps=4)
+        _run([step], None, {"parts": parts, "gw": gw, "gb": gb}, parts.device, False)
     return gw, gb
 
 
