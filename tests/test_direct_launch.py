@@ -110,3 +110,22 @@ def test_alignment_reads_every_pointer():
     base = torch.empty(64)
     assert launch._aligned(base, None, base[4:])
     assert not launch._aligned(base, base[1:])
+
+
+def test_a_bound_launch_keeps_none_of_the_first_calls_tensors():
+    """The arguments bound once hold no tensor of the call that compiled the kernel (a model's activations, or
+    under CUDA graphs memory of the graph's pool that would outlive the call)."""
+    import gc
+    import weakref
+
+    compiled = FakeCompiled()
+    kernel = FakeKernel(_kernel_fn(kernels.sum_partials), compiled)
+    step = launch._Step(kernel, 1, p_ptr=launch._Role("p"), gw_ptr=launch._Role("w"), gb_ptr=launch._Role("b"),
+                        R=1, C=1, BLOCK_R=512, BLOCK_C=8)
+    env = {k: torch.empty(3) for k in "pwb"}
+    refs = [weakref.ref(t) for t in env.values()]
+    step(env, 0, True)
+    kernel.launches.clear()
+    del env
+    gc.collect()
+    assert all(r() is None for r in refs)

@@ -583,9 +583,11 @@ def _bind(kernel, compiled, kw, roles):
     fixed, slots = [], []
     for i, param in enumerate(kernel.params):
         name = kernel.arg_names[i]
-        if name in where:
+        if name in where:  # the call's own tensor goes here: none is kept
             slots.append((i, where[name]))
-        fixed.append(kw[name] if name in kw else param.default)
+            fixed.append(None)
+        else:
+            fixed.append(kw[name] if name in kw else param.default)
     return run, function, meta, fixed, tuple(slots)
 
 
