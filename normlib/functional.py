@@ -4,9 +4,10 @@ from __future__ import annotations
 import torch
 
 from . import backends
-from .checks import check_inputs, check_num_channels
+from .checks import check_inputs, check_num_channels, check_state_values, vouch
 from .names import lookup
 from .spec import FAMILY, NormSpec
+from .state import NormState
 
 
 _CALLS: dict = {}  # prepared calls of inputs that passed the checks, by everything the checks read
@@ -24,17 +25,24 @@ def norm(spec: NormSpec, x: torch.Tensor, weight=None, bias=None, eps: float = 1
     # A model's call (no lengths, no state) whose signature passed the checks before goes straight to its
     # prepared call: the key holds everything check_inputs reads of these arguments (types included: True
     # == 1 as a key, not as an eps).
+    # A streaming call (a state in and out) skips them too, but for the state's values (check_state_values).
     key = None
-    if lengths is None and state is None and return_state is False and type(x) is torch.Tensor \
+    stream = return_state is True and type(state) is NormState
+    if lengths is None and (stream or (state is None and return_state is False)) and type(x) is torch.Tensor \
             and not torch.compiler.is_compiling():
         try:
             key = (spec, x.shape, x.stride(), x.dtype, x.device, _meta(weight), _meta(bias), eps, type(eps),
-                   eps_mode, decay, type(decay), layout, backend, num_channels)
+                   eps_mode, decay, type(decay), layout, backend, num_channels,
+                   tuple(map(_meta, state)) if stream else None)
             call = _CALLS.get(key)
         except (TypeError, AttributeError, RuntimeError):  # unhashable, not a tensor, no strides: the checks say
             key = call = None
         if call is not None:
-            return call(x, weight, bias)
+            if not stream:
+                return call(x, weight, bias)
+            check_state_values(state)
+            y, state = call(x, weight, bias, state)
+            return y, vouch(state)
     if isinstance(spec, str):
         spec = lookup(spec)
     if isinstance(spec, type):  # a layer class: its spec (not a layer, whose own settings would be dropped)
@@ -43,24 +51,33 @@ def norm(spec: NormSpec, x: torch.Tensor, weight=None, bias=None, eps: float = 1
         num_channels = check_num_channels(num_channels)
     c = check_inputs(spec, x, weight, bias, eps, eps_mode, decay, lengths, state, return_state, layout,
                      backend, num_channels)
-    if key is not None:
-        if len(_CALLS) > 4096:  # many distinct shapes (variable-length inputs): start over
-            _CALLS.clear()
-        call = backends.resolve(backend, x, backends.PREPARE)(c.x, per_channel=spec.per_channel, decay=c.decay,
-                                                               eps=float(eps), eps_mode=eps_mode)
+    opts = dict(per_channel=spec.per_channel, decay=c.decay, eps=float(eps), eps_mode=eps_mode)
+    if key is not None and len(_CALLS) > 4096:  # many distinct shapes (variable-length inputs): start over
+        _CALLS.clear()
+    if key is not None and not stream:
+        call = backends.resolve(backend, x, backends.PREPARE)(c.x, **opts)
         call = _CALLS[key] = _permuted(call) if c.layout == "b t c" else call
         return call(x, weight, bias)
     forward = backends.resolve(backend, x)
-    y, state_out = forward(c.x, weight, bias, c.lengths, state, per_channel=spec.per_channel,
-                           decay=c.decay, eps=float(eps), eps_mode=eps_mode, return_state=return_state)
+    if key is not None:
+        _CALLS[key] = _streaming(forward, c.layout == "b t c", opts)
+    y, state_out = forward(c.x, weight, bias, c.lengths, state, return_state=return_state, **opts)
     if c.layout == "b t c":
         y = y.permute(0, 2, 1)
-    return (y, state_out) if return_state else y
+    return (y, vouch(state_out)) if return_state else y
 
 
 def _permuted(call):
     """A prepared call of "b c t" views for "b t c" inputs."""
     return lambda x, weight, bias: call(x.permute(0, 2, 1), weight, bias).permute(0, 2, 1)
+
+
+def _streaming(forward, permute, opts):
+    """A streaming call (state in and out) of a signature that passed the checks: the backend's forward."""
+    def call(x, weight, bias, state):
+        y, s = forward(x.permute(0, 2, 1) if permute else x, weight, bias, None, state, return_state=True, **opts)
+        return (y.permute(0, 2, 1) if permute else y), s
+    return call
 
 
 def _bind(spec: NormSpec):

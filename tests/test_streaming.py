@@ -383,3 +383,55 @@ def test_merge_formula():
     torch.testing.assert_close(out.w, w)
     torch.testing.assert_close(out.m, a.m + delta * b.w / w)
     torch.testing.assert_close(out.m2, d * a.m2 + b.m2 + delta**2 * (d * a.w) * b.w / w)
+
+
+@pytest.mark.parametrize("eps_mode", ["inside", "outside"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("name", CAUSAL)
+def test_one_frame_calls_match_the_reference_values_and_gradients(name, layout, eps_mode, monkeypatch):
+    """A call of one frame with a state takes the PyTorch backend's short path (Welford's step written out):
+    y, the state and the gradients of x, the affine parameters and the state's m and m2 against the float64
+    oracle, 1e4 from zero, from a random state and from none."""
+    from normlib.backends import pytorch
+
+    taken = []
+    real = pytorch._one_frame
+    monkeypatch.setattr(pytorch, "_one_frame", lambda *a, **k: taken.append(1) or real(*a, **k))
+    g = torch.Generator().manual_seed(3)
+    B, C = 3, 6
+    x = make_x(B, C, 1, layout=layout, generator=g, offset=1e4)
+    w, b = make_affine(C, torch.float32, generator=g)
+    for st in (make_state(name, B, C, generator=g), None):
+        if st is not None:
+            st = NormState(st.w, st.m + 1e4, st.m2)
+        leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+        s_in = None if st is None else NormState(st.w, st.m.clone().requires_grad_(), st.m2.clone().requires_grad_())
+        y, s = getattr(normlib.functional, name)(leaves[0], leaves[1], leaves[2], layout=layout, state=s_in,
+                                                 return_state=True, eps_mode=eps_mode, backend="torch", **_kw(name))
+        wants = [t.double().clone().requires_grad_() for t in (x, w, b)]
+        s_ref = None if st is None else NormState(st.w, st.m.clone().requires_grad_(), st.m2.clone().requires_grad_())
+        y_r, s_r = ref(name, wants[0], wants[1], wants[2], layout=layout, state=s_ref, return_state=True,
+                       eps_mode=eps_mode, **_kw(name))
+        assert_rel(y, y_r, TOL[torch.float32], f"{name} y")
+        assert_state_close(s, s_r, 1e-12, f"{name} state")
+        gy = torch.randn(y.shape, generator=g)
+        got = torch.autograd.grad((y * gy).sum() + s.m.sum() + s.m2.sum(),
+                                  leaves + ([] if st is None else [s_in.m, s_in.m2]), allow_unused=True)
+        want = torch.autograd.grad((y_r * gy.double()).sum() + s_r.m.sum() + s_r.m2.sum(),
+                                   wants + ([] if st is None else [s_ref.m, s_ref.m2]), allow_unused=True)
+        for k, (a, e) in enumerate(zip(got, want)):
+            a = torch.zeros_like(e) if a is None else a
+            e = torch.zeros_like(a) if e is None else e
+            assert_rel(a, e, 1e-5, f"{name} gradient {k}")
+    assert len(taken) == 2
+
+
+def test_a_returned_state_is_checked_again_once_changed_in_place():
+    """States that normlib returned are not read again to check their values; once changed in place they are."""
+    layer = normlib.get("cln")(4)
+    x = torch.randn(1, 4, 1)
+    _, s = layer(x, return_state=True)
+    _, s = layer(x, state=s, return_state=True)
+    s.w.mul_(-1)
+    with pytest.raises(ValueError, match=r"state.w must be >= 0"):
+        layer(x, state=s, return_state=True)

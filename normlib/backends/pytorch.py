@@ -90,11 +90,43 @@ def _live(var, valid, w):
     return torch.where(live if valid is None else live & valid, var, 1)
 
 
+def _one_frame(x, weight, bias, state, *, per_channel, decay, eps, eps_mode):
+    """A streaming call of one frame (T = 1, no lengths) of a causal norm: Welford's step in float64, in about
+    twenty tensor ops (a real-time model makes one such call per layer and hop). Returns (y, state)."""
+    xd = x[..., 0].to(torch.float64)  # (B, C)
+    if per_channel:  # one value a frame: no spread
+        n, mf, qf = 1.0, xd, None
+    else:
+        vf, mf = torch.var_mean(xd, dim=1, correction=0)
+        n, qf = float(x.shape[1]), vf * x.shape[1]
+    if state is None or decay == 0:  # nothing before, or FRAME: the frame alone
+        w, m, q = torch.full_like(mf, n), mf, qf if qf is not None else torch.zeros_like(mf)
+    else:  # merge(state, frame, decay), written out: w >= n >= 1, and m is exact after an empty state (m = 0)
+        dw = state.w * decay
+        w = dw + n
+        delta = mf - state.m
+        a = delta * (n / w)
+        m = state.m + a
+        q = torch.addcmul(state.m2 * decay if qf is None else torch.add(qf, state.m2, alpha=decay), delta, a * dw)
+    r = _rstd(_live(q / w, None, w), eps, eps_mode)
+    y = (xd - m) * r if per_channel else (xd - m[:, None]) * r[:, None]
+    if weight is not None:
+        y = y * weight
+    if bias is not None:
+        y = y + bias
+    y = y.to(x.dtype)[..., None]
+    if decay == 0 and state is not None:  # FRAME reads no state: zero gradients into its statistics
+        y = _unused(y, state.m, state.m2)
+    return y, NormState(w, m, q)
+
+
 def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mode, return_state):
     """x: (B, C, T) view in any strides; decay None means GLOBAL. Returns (y, state or None)."""
     B, C, T = x.shape
     if state is not None:  # its weight is a count, which nothing differentiable moves: no gradient
         state = NormState(state.w.detach(), state.m, state.m2)
+    if T == 1 and C and lengths is None and decay is not None and return_state:
+        return _one_frame(x, weight, bias, state, per_channel=per_channel, decay=decay, eps=eps, eps_mode=eps_mode)
     if T == 0 or C == 0:  # no frame or no channel: nothing to normalize, no value seen; the state passes through
         empty = NormState.empty((B, C) if per_channel else (B,), device=x.device)
         y = _unused(x.clone(), weight, bias)  # on x's graph, and on the affine parameters'
