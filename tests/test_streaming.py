@@ -435,3 +435,27 @@ def test_a_returned_state_is_checked_again_once_changed_in_place():
     s.w.mul_(-1)
     with pytest.raises(ValueError, match=r"state.w must be >= 0"):
         layer(x, state=s, return_state=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("eps_mode", ["inside", "outside"])
+@pytest.mark.parametrize("name", [n for n in CAUSAL if not SPECS[n].per_channel])
+def test_one_frame_of_one_sequence_without_autograd_matches_the_reference(name, eps_mode, dtype):
+    """The pooled one-frame call of one sequence under no_grad runs its statistics as Python floats: y and the
+    state against the float64 oracle, 1e4 from zero, from a random state and from none, and x left as it was."""
+    g = torch.Generator().manual_seed(4)
+    C = 7
+    x = make_x(1, C, 1, generator=g, offset=1e4).to(dtype)
+    x0 = x.clone()
+    w, b = make_affine(C, torch.float32, generator=g)
+    for st in (make_state(name, 1, C, generator=g), None):
+        if st is not None:
+            st = NormState(st.w, st.m + 1e4, st.m2)
+        with torch.no_grad():
+            y, s = getattr(normlib.functional, name)(x, w, b, state=st, return_state=True, eps_mode=eps_mode,
+                                                     backend="torch", **_kw(name))
+        y_r, s_r = ref(name, x.double(), w, b, state=st, return_state=True, eps_mode=eps_mode, **_kw(name))
+        assert y.dtype == dtype and y.shape == x.shape
+        assert_rel(y, y_r, TOL[dtype], f"{name} y")
+        assert_state_close(s, s_r, 1e-12, f"{name} state")
+        assert torch.equal(x, x0)

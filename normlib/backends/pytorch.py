@@ -90,24 +90,57 @@ def _live(var, valid, w):
     return torch.where(live if valid is None else live & valid, var, 1)
 
 
+def _rstd_float(var, eps, eps_mode):
+    """_rstd of a Python float, with the tensor version's infinities and NaNs."""
+    if eps_mode == "inside":
+        v = var + eps
+        return 1 / math.sqrt(v) if v > 0 else math.inf if v == 0 else math.nan
+    return 1 / (math.sqrt(max(var, _TINY64)) + eps)
+
+
+_TINY64 = torch.finfo(torch.float64).tiny
+
+
+def _welford_step(w0, m0, q0, n, mf, qf, d):
+    """merge(state, frame, d) written out for a frame of weight n >= 1, so w >= 1 and the mean is exact after an
+    empty state (w0 = m0 = 0). Operators only: the same lines take Python floats or tensors."""
+    dw = w0 * d
+    w = dw + n
+    delta = mf - m0
+    a = delta * (n / w)
+    return w, m0 + a, q0 * d + qf + delta * a * dw
+
+
 def _one_frame(x, weight, bias, state, *, per_channel, decay, eps, eps_mode):
-    """A streaming call of one frame (T = 1, no lengths) of a causal norm: Welford's step in float64, in about
-    twenty tensor ops (a real-time model makes one such call per layer and hop). Returns (y, state)."""
+    """A streaming call of one frame (T = 1, no lengths) of a causal norm: Welford's step in float64 (a real-time
+    model makes one such call per layer and hop). Returns (y, state). One sequence of a pooled norm without
+    autograd runs its statistics as Python floats: a tensor op costs microseconds whatever its size."""
+    B, C = x.shape[:2]
+    grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad
+                                           for t in (x, weight, bias, *(state or ())))
+    if not per_channel and B == 1 and not grad:
+        xd = x[0, :, 0].to(torch.float64)
+        vf, mf = (float(v) for v in torch.var_mean(xd, correction=0))
+        w, m, q = float(C), mf, vf * C
+        if state is not None and decay != 0:  # FRAME ignores the state
+            w, m, q = _welford_step(*(float(t) for t in state), float(C), mf, vf * C, decay)
+        y = (xd - m).mul_(_rstd_float(q / w if w > 1 else 1.0, eps, eps_mode))
+        if weight is not None:
+            y = y.mul_(weight)
+        if bias is not None:
+            y = y.add_(bias)
+        out = torch.tensor((w, m, q), dtype=torch.float64, device=x.device)
+        return y.to(x.dtype)[None, :, None], NormState(out[0:1], out[1:2], out[2:3])
     xd = x[..., 0].to(torch.float64)  # (B, C)
     if per_channel:  # one value a frame: no spread
-        n, mf, qf = 1.0, xd, None
+        n, mf, qf = 1.0, xd, 0.0
     else:
         vf, mf = torch.var_mean(xd, dim=1, correction=0)
-        n, qf = float(x.shape[1]), vf * x.shape[1]
+        n, qf = float(C), vf * C
     if state is None or decay == 0:  # nothing before, or FRAME: the frame alone
-        w, m, q = torch.full_like(mf, n), mf, qf if qf is not None else torch.zeros_like(mf)
-    else:  # merge(state, frame, decay), written out: w >= n >= 1, and m is exact after an empty state (m = 0)
-        dw = state.w * decay
-        w = dw + n
-        delta = mf - state.m
-        a = delta * (n / w)
-        m = state.m + a
-        q = torch.addcmul(state.m2 * decay if qf is None else torch.add(qf, state.m2, alpha=decay), delta, a * dw)
+        w, m, q = torch.full_like(mf, n), mf, qf if not per_channel else torch.zeros_like(mf)
+    else:
+        w, m, q = _welford_step(*state, n, mf, qf, decay)
     r = _rstd(_live(q / w, None, w), eps, eps_mode)
     y = (xd - m) * r if per_channel else (xd - m[:, None]) * r[:, None]
     if weight is not None:
