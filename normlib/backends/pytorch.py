@@ -221,16 +221,17 @@ def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mod
         own = NormState(n, m_f, m2_f)
     else:
         S0, S1 = decayed_cumsum(n, decay), decayed_cumsum(s1, decay)
-        mu = S1 / torch.where(S0 > 0, S0, 1)
+        W = S0 if valid is None else torch.where(S0 > 0, S0, 1)  # without lengths every frame weighs n >= 1
+        mu = S1 / W
         prev_w, prev_mu = (F.pad(t[..., :-1], (1, 0)) for t in (decay * S0, mu))  # frame t - 1's, 0 before 0
-        c = n * prev_w / torch.where(S0 > 0, S0, 1) * (m_f - prev_mu).square()
+        c = n * prev_w / W * (m_f - prev_mu).square()
         own = NormState(S0, mu, decayed_cumsum(c if per_channel else c + m2_f, decay))
     s = own
     if state is not None and decay != 0:  # the decayed incoming state, merged in float64 (Chan: no cancellation)
         w0, m0, q0 = (t.reshape(B, -1, 1).to(rd) for t in state)
         rel = NormState(w0, m0 - K.to(rd), q0)
         s = merge(rel, own, decay ** torch.arange(1, T + 1, device=x.device, dtype=rd))
-    var = s.m2 / torch.where(s.w > 0, s.w, 1)
+    var = s.m2 / (s.w if valid is None and decay != 0 else torch.where(s.w > 0, s.w, 1))
     r = _rstd(_live(var, valid, s.w).to(sd), eps, eps_mode)
     # x - mu_t = (x - m_f) - (mu_t - m_f), the second from two float64 means
     y = _normalize(dev, (s.m - mf.to(rd)).to(sd) if not per_channel else s.m.to(sd), r, weight, bias, inplace)
@@ -243,10 +244,13 @@ def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mod
     # the state after frame lengths[b] - 1, in float64 with the shift added back. Picked by a mask, not a
     # gather: inductor (torch 2.13, CPU) fused gather's backward (a scatter) wrongly with the scan's, and
     # gave cln's state and x gradients 80 % off under torch.compile
-    last = torch.full((B,), T, device=x.device) if lengths is None else lengths
-    at = torch.arange(T, device=x.device) == (last - 1).clamp_min(0).view(B, 1, 1)
-    w, m, m2 = (torch.where(at, t, 0).sum(-1) for t in own)  # (B, C|1)
-    k = torch.where(at, K.to(rd), 0).sum(-1) if decay == 0 else K.to(rd)[..., 0]
+    if lengths is None:  # every sequence ends at frame T - 1
+        w, m, m2 = (t[..., -1] for t in own)  # (B, C|1)
+        k = K.to(rd)[..., -1]
+    else:
+        at = torch.arange(T, device=x.device) == (lengths - 1).clamp_min(0).view(B, 1, 1)
+        w, m, m2 = (torch.where(at, t, 0).sum(-1) for t in own)
+        k = torch.where(at, K.to(rd), 0).sum(-1) if decay == 0 else K.to(rd)[..., 0]
     w, m, m2 = (t if per_channel else t[:, 0] for t in (w, m + k, m2))
     if per_channel and w.shape != m.shape:  # one weight for all channels of a frame
         w = w.expand_as(m).contiguous()
@@ -257,8 +261,11 @@ def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mod
     if decay != 0:
         # the chunk's own summary merged into the incoming state in float64: a float32 merge rounded a state
         # that an EMA keeps for 1 / (1 - d) calls each call (emaln, d = 0.999, one-frame chunks: 8e-6 off)
-        out = merge(state, out, torch.as_tensor(decay, dtype=rd, device=x.device) ** last.view(bshape))
-    keep = (last == 0).view(bshape)  # no frame seen: the incoming state
+        out = merge(state, out, decay ** T if lengths is None else
+                    torch.as_tensor(decay, dtype=rd, device=x.device) ** lengths.view(bshape))
+    if lengths is None:  # every sequence saw T >= 1 frames
+        return y, out
+    keep = (lengths == 0).view(bshape)  # no frame seen: the incoming state
     return y, NormState(*(torch.where(keep, p, o) for p, o in zip(state, out)))
 
 
