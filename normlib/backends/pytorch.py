@@ -10,6 +10,7 @@ written in place where autograd needs nothing.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -41,6 +42,9 @@ def decayed_cumsum(v, d: float):
     T = v.shape[-1]
     L = max(1, min(T, int(_SCALE_BITS / -math.log2(d))))
     nb = -(-T // L)
+    if nb == 1:  # one block (short chunks, streaming): no padding or reshaping
+        down = _powers(d, T, v.dtype, v.device)
+        return (v / down).cumsum(-1) * down
     u = F.pad(v, (0, nb * L - T)).unflatten(-1, (nb, L))
     tau = torch.arange(L, device=v.device, dtype=v.dtype)
     down = d**tau
@@ -49,6 +53,18 @@ def decayed_cumsum(v, d: float):
         ends = _doubling(local[..., -1], d**L)  # each block's total with all blocks before it
         local = local + F.pad(ends[..., :-1], (1, 0))[..., None] * (d * down)
     return local.flatten(-2)[..., :T]
+
+
+def _powers(d: float, n: int, dtype, device):
+    """d^0 .. d^(n-1); eager calls of one signature (a stream's chunks) reuse them."""
+    if torch.compiler.is_compiling():
+        return d ** torch.arange(n, device=device, dtype=dtype)
+    return _powers_cached(d, n, dtype, device)
+
+
+@functools.lru_cache(maxsize=256)
+def _powers_cached(d, n, dtype, device):
+    return d ** torch.arange(n, device=device, dtype=dtype)
 
 
 def _rstd(var, eps, eps_mode):
