@@ -1,6 +1,8 @@
 """The Triton backend: one running-statistics kernel template (kernels.py), its launchers (launch.py),
-and two PyTorch ops, ``normlib::running_norm_fwd`` and ``normlib::running_norm_bwd``, with fake
-implementations and the autograd formula, so ``torch.compile(fullgraph=True)`` sees them as opaque ops.
+and two PyTorch ops, ``normlib::running_norm_fwd`` and ``normlib::running_norm_bwd``, with the autograd
+formula. They are ``triton_op``s: ``torch.compile`` (``fullgraph=True`` too) traces into them and Inductor
+launches the kernels from its own code, as it launches its own (no Python launcher at run time; CUDA graphs
+replay them).
 
 The forward saves each tile's incoming prefix; the backward kernel recomputes the per-frame statistics
 from x and runs the reverse look-back for the suffix sums. States cross the op boundary stacked as one
@@ -8,7 +10,7 @@ from x and runs the reverse look-back for the suffix sums. States cross the op b
 
 Eager calls skip the op dispatcher (it costs more than a small kernel): without autograd they call the
 launcher directly, with autograd an ``autograd.Function`` that shares the ops' setup and backward. Under
-``torch.compile`` the ops are used, so the graph holds two opaque nodes and no break.
+``torch.compile`` the ops are used.
 """
 from __future__ import annotations
 
@@ -18,13 +20,28 @@ import torch
 from torch import Tensor
 
 from ...state import NormState
-from . import launch
+from triton.runtime.jit import JITFunction
+
+from . import kernels, launch
 from .launch import tile_size  # noqa: F401
 
 _EMPTY = (0,)
+# Triton's interpreter (TRITON_INTERPRET=1, CPU tests) runs Python functions that Inductor cannot launch: there
+# the ops stay opaque, with their own bodies as fake implementations (launch._run_traced skips fake tensors)
+_TRACEABLE = isinstance(kernels.running_norm_fwd, JITFunction)
 
 
-@torch.library.custom_op("normlib::running_norm_fwd", mutates_args=())
+def _op(name):
+    def make(fn):
+        if _TRACEABLE:
+            return torch.library.triton_op(name, fn, mutates_args=())
+        op = torch.library.custom_op(name, fn, mutates_args=())
+        op.register_fake(fn)
+        return op
+    return make
+
+
+@_op("normlib::running_norm_fwd")
 def running_norm_fwd(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], lengths: Optional[Tensor],
                      state: Optional[Tensor], per_channel: bool, decay: Optional[float], eps: float,
                      eps_outside: bool, return_state: bool, save: bool,
@@ -32,21 +49,12 @@ def running_norm_fwd(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor]
     """(y, outgoing state or an empty tensor, saved prefixes or an empty tensor)."""
     y, sout, pre = launch.forward(x, weight, bias, lengths, state, per_channel=per_channel, decay=decay,
                                   eps=eps, eps_outside=eps_outside, return_state=return_state, save=save,
-                                  tiles=tiles)
+                                  tiles=tiles, traced=True)
     return (y, sout if sout is not None else x.new_empty(_EMPTY, dtype=torch.float64),
             pre if pre is not None else x.new_empty(_EMPTY, dtype=torch.float32))
 
 
-@running_norm_fwd.register_fake
-def _(x, weight, bias, lengths, state, per_channel, decay, eps, eps_outside, return_state, save, tiles):
-    B, C, _ = x.shape
-    return (torch.empty_like(x),
-            x.new_empty((3, B, C if per_channel else 1) if return_state else _EMPTY, dtype=torch.float64),
-            x.new_empty((launch.prefix_numel(x.shape, per_channel, decay, tiles),) if save else _EMPTY,
-                        dtype=torch.float32))
-
-
-@torch.library.custom_op("normlib::running_norm_bwd", mutates_args=())
+@_op("normlib::running_norm_bwd")
 def running_norm_bwd(gy: Tensor, gsout: Optional[Tensor], x: Tensor, weight: Optional[Tensor],
                      lengths: Optional[Tensor], state: Optional[Tensor], pre: Tensor, per_channel: bool,
                      decay: Optional[float], eps: float, eps_outside: bool, need_weight_grads: bool,
@@ -54,22 +62,13 @@ def running_norm_bwd(gy: Tensor, gsout: Optional[Tensor], x: Tensor, weight: Opt
     """(dx, dweight, dbias, dstate), empty tensors for what was not asked."""
     gx, gw, gb, gs = launch.backward(gy, gsout, x, weight, lengths, state, pre, per_channel=per_channel,
                                      decay=decay, eps=eps, eps_outside=eps_outside,
-                                     need_weight_grads=need_weight_grads, tiles=tiles)
+                                     need_weight_grads=need_weight_grads, tiles=tiles, traced=True)
+
     def empty(dtype):  # one fresh tensor per missing output: outputs may not alias each other
         return x.new_empty(_EMPTY, dtype=dtype)
 
     return (gx, empty(torch.float32) if gw is None else gw, empty(torch.float32) if gb is None else gb,
             empty(torch.float64) if gs is None else gs)
-
-
-@running_norm_bwd.register_fake
-def _(gy, gsout, x, weight, lengths, state, pre, per_channel, decay, eps, eps_outside, need_weight_grads,
-      tiles):
-    C = x.shape[1]
-    wshape = (C,) if need_weight_grads else _EMPTY
-    return (torch.empty_like(x), x.new_empty(wshape, dtype=torch.float32),
-            x.new_empty(wshape, dtype=torch.float32),
-            x.new_empty(state.shape if state is not None else _EMPTY, dtype=torch.float64))
 
 
 def _setup(ctx, inputs, output):

@@ -127,6 +127,13 @@ def _cumsum(v, N: tl.constexpr, SC: tl.constexpr, REVERSE: tl.constexpr, FLIP: t
 # The look-back: packed tagged words, tickets, published records, the walk back and the span records
 # ---------------------------------------------------------------------------------------------------
 @triton.jit
+def _f32(v):
+    """A float argument as float32: Triton's launcher passes a Python float as fp32, Inductor's as fp64 (whose
+    arithmetic would promote the statistics and fail to compile)."""
+    return tl.cast(v, tl.float32)
+
+
+@triton.jit
 def _pack(v, tag):
     # [tag | float bits] in one int64 word: a single-copy-atomic load sees both or neither
     return (tag.to(tl.int64) << 32) | (v.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF)
@@ -836,7 +843,7 @@ def _slot_sums(xb, sxt, sxc, offs_c, C, T, length, K, tile0, n_sum, BLOCK_C: tl.
 # Tile order
 # ---------------------------------------------------------------------------------------------------
 @triton.jit
-def _tile(ctr_ptr, x_ptr, len_ptr, sxb, sxc, B, C, T, NCB, NT, MODE: tl.constexpr, POOL_ALL: tl.constexpr,
+def _tile(ctr_ptr, len_ptr, B, C, T, NCB, NT, MODE: tl.constexpr, POOL_ALL: tl.constexpr,
           HAS_LEN: tl.constexpr, BLOCK_C: tl.constexpr, SC: tl.constexpr, REVERSE: tl.constexpr,
           STRIP: tl.constexpr):
     """Which tile this program owns and what every tile needs first: (it, vt, seq, tag, b64, offs_c, m_c,
@@ -895,6 +902,7 @@ def running_norm_fwd(
     SCANNED: tl.constexpr = False, LONE: tl.constexpr = True, STAGES: tl.constexpr = 1,
     WALK_STAGES: tl.constexpr = 1, EMA32: tl.constexpr = False,
 ):
+    log2d, eps, log2d_lo = _f32(log2d), _f32(eps), _f32(log2d_lo)
     SC: tl.constexpr = 1 if POOL_ALL else BLOCK_C  # statistics per frame: one, or one per channel
     CHAN: tl.constexpr = not POOL_ALL and MODE == 1  # _local_sums' float32 summaries
     SOUT64: tl.constexpr = STORE_SOUT and HAS_SIN and (MODE == 1 or MODE == 2)
@@ -902,7 +910,7 @@ def running_norm_fwd(
     C, sxt, syt = _multiple(C, VEC_C), _multiple(sxt, VEC_C), _multiple(syt, VEC_C)
     sxb, syb = _multiple(sxb, VEC_T * VEC_C), _multiple(syb, VEC_T * VEC_C)
     it0, _vt, seq, tag, b64, offs_c, m_c, offs_s, length, s_off, s_ok, NS, CL = _tile(
-        ctr_ptr, x_ptr, len_ptr, sxb, sxc, B, C, T, NCB, NT, MODE, POOL_ALL, HAS_LEN, BLOCK_C, SC, False, STRIP)
+        ctr_ptr, len_ptr, B, C, T, NCB, NT, MODE, POOL_ALL, HAS_LEN, BLOCK_C, SC, False, STRIP)
     xb = x_ptr + b64 * sxb
     EARLY: tl.constexpr = (MODE == 1 or MODE == 2) and not STRIP  # a look-back tile reads its first chunk
     # a pooled tile holds its first chunk (a look-back tile: through the look-back), or (LEAN) reads it again to
@@ -1130,13 +1138,14 @@ def running_norm_bwd(
     FLIP: tl.constexpr = False, SCANNED: tl.constexpr = False, LONE: tl.constexpr = True,
     STAGES: tl.constexpr = 1, WALK_STAGES: tl.constexpr = 1, EMA32: tl.constexpr = False,
 ):
+    log2d, eps = _f32(log2d), _f32(eps)
     SC: tl.constexpr = 1 if POOL_ALL else BLOCK_C
     CHAN: tl.constexpr = not POOL_ALL and MODE == 1
     T, sxc, sgc, sdc = _multiple(T, VEC_T), _multiple(sxc, VEC_T), _multiple(sgc, VEC_T), _multiple(sdc, VEC_T)
     C, sxt, sgt, sdt = _multiple(C, VEC_C), _multiple(sxt, VEC_C), _multiple(sgt, VEC_C), _multiple(sdt, VEC_C)
     sxb, sgb, sdb = _multiple(sxb, VEC_T * VEC_C), _multiple(sgb, VEC_T * VEC_C), _multiple(sdb, VEC_T * VEC_C)
     it, vt0, seq, tag, b64, offs_c, m_c, offs_s, length, s_off, s_ok, NS, CL = _tile(
-        ctr_ptr, x_ptr, len_ptr, sxb, sxc, B, C, T, NCB, NT, MODE, POOL_ALL, HAS_LEN, BLOCK_C, SC, True, STRIP)
+        ctr_ptr, len_ptr, B, C, T, NCB, NT, MODE, POOL_ALL, HAS_LEN, BLOCK_C, SC, True, STRIP)
     xb = x_ptr + b64 * sxb
     gyb = gy_ptr + b64 * sgb
     EARLY: tl.constexpr = (MODE == 1 or MODE == 2) and not STRIP  # as in the forward
@@ -1436,6 +1445,7 @@ def span_scan(ws_ptr, NSPAN, log2d_span, SC: tl.constexpr, BLOCK_R: tl.constexpr
     walk never reads (the last forward, the first backward) is left alone, unless ALL: GLOBAL's span sums,
     whose totals (the last record forward, the first backward) every tile reads (instln "b t c" (1, 128,
     256000): 4000 tiles of a sequence each combined its 130 spans, 0.8 GB of reads for 131 MB of x)."""
+    log2d_span = _f32(log2d_span)
     seq = tl.program_id(0)
     offs_s = tl.program_id(1) * BLOCK_S + tl.arange(0, BLOCK_S)
     m_s = offs_s < SC

@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 import torch
 import triton
+from torch._subclasses.fake_tensor import FakeTensor
 from triton import knobs
 
 from .kernels import running_norm_bwd, running_norm_fwd, span_scan, sum_partials
@@ -614,17 +615,17 @@ def _steps(kernel, p: Plan, tiles, shape, device, per_channel, backward=False, m
                  **({"maxnreg": maxnreg} if maxnreg else {}))
     sizes = dict(B=B, C=shape[1], T=shape[2], NCB=p.ncb, NT=p.nt, NSPAN=p.nspan, log2d=p.log2d)
     kw = dict(kw, **sizes, **flags)
-    x, ws, ctr = _Role("x"), _Role("ws"), _Role("ctr")
+    x, ws, ctr = _Role("none"), _Role("ws"), _Role("ctr")  # x: no workspace (any tensor the kernel ignores)
     spans = ("span", B * p.ncb * p.nspan * 3 * p.sc)
     if p.mode == GLOBAL and strip:  # one launch: each program sums its sequence, then normalizes it
         return [_Step(kernel, B * p.ncb, **kw, ws_ptr=x, ctr_ptr=x, PHASE=2, SPAN=1)], None
     if p.mode == GLOBAL:
         scanned = p.nspan > SCAN_SPANS
-        steps = [_Step(kernel, B * p.ncb * p.nspan, **kw, ws_ptr=ws, ctr_ptr=ws, PHASE=1, SPAN=p.span,
+        steps = [_Step(kernel, B * p.ncb * p.nspan, **kw, ws_ptr=ws, ctr_ptr=x, PHASE=1, SPAN=p.span,
                        SCANNED=False)]
         if scanned:
             steps.append(_scan_step(p, B, backward, 0.0, True, device))
-        steps.append(_Step(kernel, B * p.ncb * p.nt, **kw, ws_ptr=ws, ctr_ptr=ws, PHASE=2, SPAN=p.span,
+        steps.append(_Step(kernel, B * p.ncb * p.nt, **kw, ws_ptr=ws, ctr_ptr=x, PHASE=2, SPAN=p.span,
                            SCANNED=scanned))
         return steps, spans
     if p.mode == FRAME:
@@ -636,7 +637,7 @@ def _steps(kernel, p: Plan, tiles, shape, device, per_channel, backward=False, m
             if phase == 2 and scanned:
                 steps.append(_scan_step(p, B, backward, p.log2d * p.block_t * triton.cdiv(p.nt, p.nspan), False,
                                         device))
-            steps.append(_Step(kernel, B * p.ncb * p.nspan, **kw, ws_ptr=ws, ctr_ptr=ws, PHASE=phase, SPAN=1,
+            steps.append(_Step(kernel, B * p.ncb * p.nspan, **kw, ws_ptr=ws, ctr_ptr=x, PHASE=phase, SPAN=1,
                                SEG=True, SCANNED=phase == 2 and scanned))
         return steps, spans
     if strip:  # one program per sequence walks its tiles
@@ -670,6 +671,8 @@ def _scan_step(p: Plan, B, backward, log2d_span, whole, device):
 
 def _run(steps, need, env, device, aligned):
     """Run a prepared call's launches on x's device and its current stream, with their workspace."""
+    if aligned is None:
+        return _run_traced(steps, need, env, device)
     with _device_guard(device):
         stream = _stream_key(device)
         if need is not None and need[0] == "span":
@@ -680,8 +683,34 @@ def _run(steps, need, env, device, aligned):
             step(env, stream, aligned)
 
 
-@functools.lru_cache(maxsize=4096)  # on every launch: a small call's host path is longer than its kernel
+def _run_traced(steps, need, env, device):
+    """The launches of a call inside the PyTorch ops (a ``triton_op``): through ``wrap_triton``, which
+    torch.compile traces into launches of Inductor's own, and with a workspace of fresh zeros, a buffer of the
+    compiled graph like any other (CUDA graphs replay its zeroing)."""
+    if need is not None and need[0] == "span":
+        env["ws"] = torch.empty(need[1], dtype=torch.float32, device=device)
+    elif need is not None:
+        env["ws"] = torch.zeros(need[1], dtype=torch.int64, device=device)
+        env["ctr"] = torch.zeros(1, dtype=torch.int64, device=device)
+    if isinstance(env.get("x", env.get("parts")), FakeTensor):  # shapes only (the ops' fake implementation)
+        return
+    for step in steps:
+        kw = dict(step.kw)
+        for name, role in step.roles:
+            kw[name] = env[role]
+        for name, param in zip(getattr(step.kernel, "arg_names", ()), getattr(step.kernel, "params", ())):
+            kw.setdefault(name, param.default)  # Inductor binds every argument by name, defaults too
+        torch.library.wrap_triton(step.kernel)[step.grid](**kw)
+
+
 def vec_for(shape, strides) -> dict:
+    """VEC_T and VEC_C (_vec_for), cached where the sizes are ints."""
+    if all(type(v) is int for v in (*shape, *(v for st in strides for v in st))):
+        return _vec_for_cached(tuple(shape), tuple(map(tuple, strides)))
+    return _vec_for(shape, strides)
+
+
+def _vec_for(shape, strides) -> dict:
     """VEC_T and VEC_C for tensors of this (B, C, T) shape and these strides (x's, y's, ...): where all of
     them run along T (C), the largest of 8, 4, 2 dividing T (C) and every stride of the other dims, so
     that their rows load as vectors. 1 where Triton sees multiples of 16 by itself (no extra compile)."""
@@ -692,6 +721,10 @@ def vec_for(shape, strides) -> dict:
                 vec = next(v for v in (8, 4, 2, 1) if all(r % v == 0 for r in rest))
                 return {key: vec} if vec > 1 else {}
     return {}
+
+
+_vec_for_cached = functools.lru_cache(maxsize=4096)(_vec_for)  # on every launch: a small call's host path is
+# longer than its kernel
 
 
 MAX_FRAMES = 2**31 - 2**12  # frame indices are int32 in the kernels, up to the last tile's end
@@ -712,6 +745,8 @@ def _like_strides(shape, strides):
 
 
 def _prepared(cls, *key):
+    if not all(type(v) is int for v in (*key[0], *key[1])):  # symbolic sizes (torch.compile's dynamic shapes)
+        return cls(*key)
     call = _CALLS.get(key)
     if call is None:
         if len(_CALLS) > 4096:  # many distinct shapes (variable-length streams): start over
@@ -743,7 +778,8 @@ class _Forward:
             STORE_SOUT=return_state, STORE_PREFIX=save, EPS_OUTSIDE=eps_outside,
             **vec_for(shape, (tuple(strides), ys)))
 
-    def __call__(self, x, weight, bias, lengths, sin):
+    def __call__(self, x, weight, bias, lengths, sin, traced=False):
+        """``traced``: inside the PyTorch ops (see _run_traced)."""
         y = torch.empty_like(x)
         sout = pre = None
         if self.return_state:  # rows with lengths == 0 keep the incoming state (or the empty one)
@@ -754,9 +790,10 @@ class _Forward:
         if not self.numel:
             return y.zero_(), sout, pre
         sin = sin if self.has_sin else None
-        env = {"x": x, "y": y, "w": _or(weight, y), "b": _or(bias, y), "len": _or(lengths, y),
-               "sin": _or(sin, y), "sout": _or(sout, y), "pre": _or(pre, y)}
-        _run(self.steps, self.need, env, self.device, _aligned(x, weight, bias, lengths, sin))
+        none = _dummy(x) if traced else y
+        env = {"x": x, "y": y, "w": _or(weight, none), "b": _or(bias, none), "len": _or(lengths, none),
+               "sin": _or(sin, none), "sout": _or(sout, none), "pre": _or(pre, none), "none": none}
+        _run(self.steps, self.need, env, self.device, None if traced else _aligned(x, weight, bias, lengths, sin))
         return y, sout, pre
 
 
@@ -786,7 +823,7 @@ class _Backward:
             self.steps.append(_Step(sum_partials, triton.cdiv(C, 8), 2, p_ptr=R("parts"), gw_ptr=R("gw"),
                                     gb_ptr=R("gb"), R=B * p.nt, C=C, BLOCK_R=512, BLOCK_C=8, num_warps=4))
 
-    def __call__(self, gy, gsout, x, weight, lengths, sin, pre):
+    def __call__(self, gy, gsout, x, weight, lengths, sin, pre, traced=False):
         B, C, T = self.shape
         gx = torch.empty_like(x)
         if gy.stride() != self.gs and any(n > 1 and a != b for n, a, b in zip(self.shape, gy.stride(), self.gs)):
@@ -799,17 +836,20 @@ class _Backward:
             gwp = torch.empty(2, B, self.p.nt, C, dtype=torch.float32, device=x.device)
             gw = torch.empty(C, dtype=torch.float32, device=x.device)
             gb = torch.empty(C, dtype=torch.float32, device=x.device)
+        aligned = None if traced else True
         if self.numel:
-            env = {"x": x, "gy": gy, "gx": gx, "w": _or(weight, gx), "len": _or(lengths, gx),
-                   "sin": _or(sin if self.p.mode != FRAME else None, gx), "gsout": _or(gsout, gx),
-                   "gsin": _or(gsin if self.p.mode != FRAME else None, gx), "pre": pre,
-                   "gwp": gwp[0] if gwp is not None else gx, "gbp": gwp[1] if gwp is not None else gx,
-                   "gw": gw, "gb": gb, "parts": gwp}
-            _run(self.steps, self.need, env, self.device, _aligned(x, gy, weight, lengths, sin, gsout))
+            none = _dummy(x) if traced else gx
+            env = {"x": x, "gy": gy, "gx": gx, "w": _or(weight, none), "len": _or(lengths, none),
+                   "sin": _or(sin if self.p.mode != FRAME else None, none), "gsout": _or(gsout, none),
+                   "gsin": _or(gsin if self.p.mode != FRAME else None, none), "pre": pre,
+                   "gwp": gwp[0] if gwp is not None else none, "gbp": gwp[1] if gwp is not None else none,
+                   "gw": gw, "gb": gb, "parts": gwp, "none": none}
+            _run(self.steps, self.need, env, self.device,
+                 aligned and _aligned(x, gy, weight, lengths, sin, gsout))
         elif gwp is not None:
             gx.zero_()
             gwp.zero_()
-            _run(self.steps[-1:], None, {"parts": gwp, "gw": gw, "gb": gb}, self.device, True)
+            _run(self.steps[-1:], None, {"parts": gwp, "gw": gw, "gb": gb}, self.device, aligned)
         else:
             gx.zero_()
         if gsin is not None and gsout is not None:  # a sequence with no value passed its state straight through
@@ -823,25 +863,25 @@ class _Backward:
 
 
 def forward(x, weight, bias, lengths, sin, *, per_channel, decay, eps, eps_outside, return_state, save,
-            tiles):
+            tiles, traced=False):
     """y, the outgoing state as a (3, B, C|1) float64 tensor (or None) and, with ``save``, the tiles'
     prefixes that ``backward`` needs (or None). ``sin`` is the incoming state stacked the same way."""
     weight, bias, lengths, sin = (_dense(t) for t in (weight, bias, lengths, sin))
     call = _prepared(_Forward, x.shape, x.stride(), x.dtype, x.device, per_channel, decay, eps, eps_outside,
                      weight is not None, bias is not None, lengths is not None, sin is not None, return_state, save,
                      tuple(tiles))
-    return call(x, weight, bias, lengths, sin)
+    return call(x, weight, bias, lengths, sin, traced)
 
 
 def backward(gy, gsout, x, weight, lengths, sin, pre, *, per_channel, decay, eps, eps_outside,
-             need_weight_grads, tiles):
+             need_weight_grads, tiles, traced=False):
     """Gradients of ``forward``: (dx, dweight, dbias, dstate as (3, B, C|1) float64, or None where not
     asked). ``gsout`` is the (3, B, C|1) gradient of the returned state, or None."""
     weight, lengths, sin, gsout = (_dense(t) for t in (weight, lengths, sin, gsout))
     call = _prepared(_Backward, x.shape, x.stride(), x.dtype, x.device, per_channel, decay, eps, eps_outside,
                      weight is not None, lengths is not None, sin is not None, gsout is not None, need_weight_grads,
                      tuple(tiles))
-    return call(gy, gsout, x, weight, lengths, sin, pre)
+    return call(gy, gsout, x, weight, lengths, sin, pre, traced)
 
 
 def weight_grads(parts):
@@ -860,6 +900,12 @@ def weight_grads(parts):
 def _dense(t):
     """Small side tensors (weights, lengths, stacked states) are indexed as contiguous by the kernels."""
     return t.contiguous() if t is not None else None
+
+
+def _dummy(x):
+    """A tensor for the pointers a traced launch ignores, of x's dtype (the specialization eager calls compile,
+    which pass y) and apart from every tensor the kernel writes, whose copies Inductor would otherwise keep."""
+    return x.new_empty(16)
 
 
 def _or(t, dummy):
