@@ -442,3 +442,27 @@ def test_asteroid_tdconvnet_made_causal(asteroid):
     x2[..., 20:] = torch.randn(1, 16, 10)
     with torch.no_grad():
         assert torch.equal(masker(x)[..., :20], masker(x2)[..., :20])
+
+
+# ------------------------------------------------------------------------------------------------------
+# The guide's first example prints what the page says
+# ------------------------------------------------------------------------------------------------------
+
+def test_the_guide_example():
+    import contextlib
+    import io
+    import pathlib
+    import re
+
+    page = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "guide" / "replace.md").read_text()
+    code = re.search(r"```python\n(.*?)```", page, re.S).group(1)
+    said = []  # what the page says each print shows: its trailing comments, and comment lines after a print
+    for line in code.splitlines():
+        if line.startswith("# "):
+            said.append(line[2:])
+        elif line.startswith("print(") and "#" in line:
+            said.append(line.split("#", 1)[1].strip())
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, "docs/guide/replace.md", "exec"), {})
+    assert out.getvalue().split("\n")[:-1] == said
