@@ -108,8 +108,8 @@ def _read_torch(m):
         # most nn.LayerNorms sit in transformer blocks, on inputs of any rank: swapped only when asked
         reason = ("normalizes the last dim of an input of any rank: on (B, T, C) inputs it is frameln with "
                   "layout 'b t c'; swap it with mapping={nn.LayerNorm: 'frameln'} (or 'cln', ...)")
-    elif isinstance(m, _BatchNorm):
-        return "batch statistics (running averages in eval mode) of 4-D or 5-D inputs: no normlib counterpart"
+    elif isinstance(m, _BatchNorm):  # BatchNorm2d/3d, SyncBatchNorm, asteroid's BatchNorm
+        return "batch statistics (running averages in eval mode): no normlib norm computes them"
     elif isinstance(m, _InstanceNorm):
         return "normalizes 4-D or 5-D feature maps; normlib layers take (B, C, T)"
     elif isinstance(m, _NormBase):
