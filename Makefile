@@ -6,16 +6,20 @@ PY := $(VENV)/bin/python
 TORCH_PIN ?= torch==2.13.0
 TRITON_PIN ?= triton==3.9.0
 NUMPY_PIN ?= numpy==2.4.*
+# tests/test_replace.py runs asteroid's own norms and TDConvNet. Its dependencies are left out: its torchaudio
+# links against a CUDA torch and fails to load here; the masker needs only torch, numpy and the filterbanks.
+ASTEROID_PINS ?= asteroid==0.7.0 asteroid-filterbanks==0.4.0
 
 .PHONY: setup demo test bench clean
 
 setup: $(VENV)/.ready
 
-$(VENV)/.ready: pyproject.toml
+$(VENV)/.ready: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_PIN)"
 	$(PY) -m pip install -q "$(TRITON_PIN)" "$(NUMPY_PIN)"
 	$(PY) -m pip install -q -e ".[test,bench]"
+	$(PY) -m pip install -q --no-deps $(ASTEROID_PINS)
 	touch $@
 
 demo: setup

@@ -3,6 +3,7 @@ from . import functional, models, reference
 from .modules import (ChannelCumulativeLayerNorm, ChannelEMALayerNorm, CumulativeLayerNorm, EMALayerNorm,
                       FrameLayerNorm, GlobalLayerNorm, InstanceLayerNorm, NormLayer, layer_class)
 from .registry import aliases, available, create, get, register
+from .replace import Left, ReplaceReport, Swapped, replace_norms
 from .spec import FAMILY, NormSpec, Pool, TimeMode
 from .state import NormState, merge
 
@@ -11,5 +12,5 @@ __all__ = [
     "get", "create", "register", "available", "aliases", "functional", "models", "reference", "NormState", "merge",
     "NormSpec", "Pool", "TimeMode", "FAMILY", "NormLayer", "layer_class", "CumulativeLayerNorm",
     "ChannelCumulativeLayerNorm", "GlobalLayerNorm", "EMALayerNorm", "FrameLayerNorm", "InstanceLayerNorm",
-    "ChannelEMALayerNorm",
+    "ChannelEMALayerNorm", "replace_norms", "ReplaceReport", "Swapped", "Left",
 ]
