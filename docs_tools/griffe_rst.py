@@ -40,3 +40,11 @@ class RestToMarkdown(griffe.Extension):
                 walk(member)
 
         walk(pkg)
+        # Inspected (mkdocs.yml: force_inspection), a submodule without __all__ lists what it imports too, and
+        # its attributes without their comments: its reference keeps the classes and functions it defines.
+        for module in pkg.modules.values():
+            if module.is_alias or "__all__" in module.members:
+                continue
+            for name, member in list(module.members.items()):
+                if member.is_alias or member.is_attribute:
+                    del module.members[name]
