@@ -425,7 +425,8 @@ def _fits(read: _Read, shapes) -> str:
     return ""
 
 
-def replace_norms(model: nn.Module, mapping: dict | None = None, *, example_inputs=None) -> ReplaceReport:
+def replace_norms(model: nn.Module, mapping: dict | None = None, *,
+                  example_inputs: object = None) -> ReplaceReport:
     """Swap the norms of ``model`` for normlib layers, in place, with their weights; returns a report.
 
     Without ``mapping`` a norm is swapped only where a normlib norm computes the same thing, so the model's
