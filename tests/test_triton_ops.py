@@ -109,3 +109,22 @@ def test_compile_fullgraph_matches_eager(strip):
     assert all(rel_err(a, b) < 1e-10 for a, b in zip(s_comp, s_eager))
     for p, g in zip(model.parameters(), g_eager):
         assert rel_err(p.grad, g) < 1e-4
+
+
+@pytest.mark.parametrize("name,graphs", [("cln", 1), ("ccln", 2)])
+def test_dynamic_shapes_compile_once_over_many_lengths(name, graphs):
+    """torch.compile(dynamic=True): launch choices on a symbolic T guard only on ranges of T (ccln: whether its
+    walk takes one segment or several), never on one length or its divisibility."""
+    from torch._dynamo.utils import counters
+    torch._dynamo.reset()
+    counters.clear()
+    layer = normlib.create(name, 4, backend="triton")
+    compiled = torch.compile(layer, dynamic=True, backend="aot_eager")
+    for T in (40, 77, 151, 301):
+        x = torch.randn(2, 4, T, requires_grad=True)
+        y = compiled(x)
+        assert rel_err(y, layer(x)) < TOL[torch.float32]
+        gx, = torch.autograd.grad(y.square().sum(), x)
+        want, = torch.autograd.grad(layer(x).square().sum(), x)
+        assert rel_err(gx, want) < 1e-4
+    assert counters["stats"]["unique_graphs"] == graphs

@@ -707,7 +707,7 @@ def vec_for(shape, strides) -> dict:
     """VEC_T and VEC_C (_vec_for), cached where the sizes are ints."""
     if all(type(v) is int for v in (*shape, *(v for st in strides for v in st))):
         return _vec_for_cached(tuple(shape), tuple(map(tuple, strides)))
-    return _vec_for(shape, strides)
+    return {}  # symbolic sizes (torch.compile's dynamic shapes): a hint would guard on T's divisibility
 
 
 def _vec_for(shape, strides) -> dict:
