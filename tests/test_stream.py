@@ -294,6 +294,24 @@ def test_compiled_model_streams_without_a_recompilation_per_chunk_length():
     with normlib.stream(compiled):
         chunks(compiled, x[..., :9], [8, 1])
     with torch._dynamo.config.patch(error_on_recompile=True):
-        for sizes in ([9, 4, 17, 1, 3, 11, 6, 29], [3, 77]):
-            with normlib.stream(compiled):
+        for sizes, streaming in (([9, 4, 17, 1, 3, 11, 6, 29], compiled), ([3, 77], model)):  # either's stream
+            with normlib.stream(streaming):
                 assert_rel(chunks(compiled, x, sizes), y, TOL[torch.float32], f"compiled stream {sizes}")
+
+
+def test_the_guide_runs():
+    """docs/guide/stream.md's examples, in order, print what the page says."""
+    import contextlib
+    import pathlib
+    import re
+
+    page = pathlib.Path(__file__).resolve().parents[1] / "docs" / "guide" / "stream.md"
+    out, scope = io.StringIO(), {}
+    with contextlib.redirect_stdout(out):
+        for block in re.findall(r"```python\n(.*?)```", page.read_text(), re.S):
+            exec(compile(block, str(page), "exec"), scope)
+    printed = out.getvalue().splitlines()
+    assert printed[0] == "True"
+    assert printed[1] == "tensor([640., 400.], dtype=torch.float64)"
+    assert printed[2] == "emaln 0.9"
+    assert printed[3].startswith("state is a state of 'emaln' (decay=0.9); 'cln' refuses it")
