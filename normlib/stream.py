@@ -51,11 +51,24 @@ class _Slot:
         try:
             y, self.states[i] = run(x, lengths, self.states[i], True)
         except (ValueError, TypeError) as e:  # a wrong batch size, a state set by hand: name the layer
+            if type(e) not in (ValueError, TypeError):  # a subclass may take other arguments
+                raise
             raise type(e)(f"normlib.stream, layer {_label(self.key(i))}: {e}") from e
         return y
 
     def key(self, i: int) -> str:
         return self.name if i == 0 else f"{self.name}#{i}"
+
+    # a copy of a layer (copy.deepcopy, pickle) made inside a stream is a plain layer: it is in no stream
+    def __deepcopy__(self, memo):
+        return None
+
+    def __reduce__(self):
+        return _nothing, ()
+
+
+def _nothing():
+    return None
 
 
 class Stream:
@@ -100,6 +113,14 @@ class Stream:
             h.remove()
         self._hooks, self._in_call = (), False
         return False
+
+    # a copy of the model made inside the stream copies its hooks, bound to this stream: theirs is a stream of
+    # no layer, which does nothing
+    def __deepcopy__(self, memo):
+        return _inert()
+
+    def __reduce__(self):
+        return _inert, ()
 
     def _begin(self, module, args):  # a call of the model: each layer's uses count from 0
         self._in_call = True
@@ -201,6 +222,12 @@ class Stream:
         back-propagation through time)."""
         for slot in self._slots.values():
             slot.states = [None if s is None else s.detach() for s in slot.states]
+
+
+def _inert() -> Stream:
+    s = Stream(nn.Module())
+    s.model = None
+    return s
 
 
 def stream(model: nn.Module) -> Stream:

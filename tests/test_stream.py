@@ -315,3 +315,16 @@ def test_the_guide_runs():
     assert printed[1] == "tensor([640., 400.], dtype=torch.float64)"
     assert printed[2] == "emaln 0.9"
     assert printed[3].startswith("state is a state of 'emaln' (decay=0.9); 'cln' refuses it")
+
+
+def test_a_copy_made_inside_a_stream_is_in_no_stream():
+    import copy
+    import pickle
+
+    model = Net("cln")
+    x = make_x(2, 5, 6, dtype=F64)
+    with normlib.stream(model):
+        model(x[..., :3])
+        for twin in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+            assert twin.norm1._stream is None and twin.norm2._stream is None
+            assert torch.equal(twin(x), twin(x))  # no state kept: the same output twice
