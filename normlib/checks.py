@@ -184,9 +184,9 @@ def state_tag(spec: NormSpec, decay: float | None) -> tuple:
 def check_state_tag(spec: NormSpec, decay: float | None, state: NormState, what: str = "state"):
     """A tagged state is taken only by the norm that made it; an untagged one (built by hand) by any."""
     if state.norm is not None and (state.norm, state.decay) != state_tag(spec, decay):
-        raise ValueError(f"{what} is a state of {describe(state.norm, state.decay)}; {describe(*state_tag(spec, decay))} "
-                         f"refuses it (statistics under another weighting). state.untagged() drops the tag, to "
-                         f"reuse them on purpose")
+        raise ValueError(f"{what} is a state of {describe(state.norm, state.decay)}; "
+                         f"{describe(*state_tag(spec, decay))} refuses it (statistics under another weighting). "
+                         f"state.untagged() drops the tag, to reuse them on purpose")
 
 
 def _bool_like(v) -> bool:
