@@ -9,8 +9,8 @@ from typing import NamedTuple
 import torch
 
 from .backends import NAMES
-from .spec import NormSpec, _check_decay, _real, normalize_layout
-from .state import NormState
+from .spec import NormSpec, TimeMode, _check_decay, _real, normalize_layout
+from .state import NormState, describe
 
 EPS_MODES = ("inside", "outside")
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -161,6 +161,7 @@ def check_inputs(spec: NormSpec, x, weight, bias, eps, eps_mode, decay, lengths,
     if state is not None:
         if not isinstance(state, NormState):
             raise TypeError(f"state must be a normlib.NormState, got {type(state).__name__}")
+        check_state_tag(spec, decay, state)
         want = (B, C) if spec.per_channel else (B,)
         for field, t in zip(NormState._fields, state):
             if not isinstance(t, torch.Tensor) or t.shape != want:
@@ -172,6 +173,20 @@ def check_inputs(spec: NormSpec, x, weight, bias, eps, eps_mode, decay, lengths,
                 raise ValueError(f"state.{field} is on {t.device} but x is on {x.device}")
         check_state_values(state)
     return Checked(xv, lengths, decay, layout)
+
+
+def state_tag(spec: NormSpec, decay: float | None) -> tuple:
+    """The tag of the states a norm returns and takes: its name, and its decay for EMA norms (a state holds
+    statistics under its norm's weighting; under another decay its weight and spread are wrong)."""
+    return spec.name, decay if spec.time is TimeMode.EMA else None
+
+
+def check_state_tag(spec: NormSpec, decay: float | None, state: NormState, what: str = "state"):
+    """A tagged state is taken only by the norm that made it; an untagged one (built by hand) by any."""
+    if state.norm is not None and (state.norm, state.decay) != state_tag(spec, decay):
+        raise ValueError(f"{what} is a state of {describe(state.norm, state.decay)}; "
+                         f"{describe(*state_tag(spec, decay))} refuses it (statistics under another weighting). "
+                         f"state.untagged() drops the tag, to reuse them on purpose")
 
 
 def _bool_like(v) -> bool:

@@ -4,10 +4,10 @@ from __future__ import annotations
 import torch
 
 from . import backends
-from .checks import check_inputs, check_num_channels, check_state_values, vouch
+from .checks import check_inputs, check_num_channels, check_state_values, state_tag, vouch
 from .names import lookup
 from .spec import FAMILY, NormSpec
-from .state import NormState
+from .state import NormState, state_type
 
 
 _CALLS: dict = {}  # prepared calls of inputs that passed the checks, by everything the checks read
@@ -25,15 +25,16 @@ def norm(spec: NormSpec, x: torch.Tensor, weight=None, bias=None, eps: float = 1
     # A model's call (no lengths, no state) whose signature passed the checks before goes straight to its
     # prepared call: the key holds everything check_inputs reads of these arguments (types included: True
     # == 1 as a key, not as an eps).
-    # A streaming call (a state in and out) skips them too, but for the state's values (check_state_values).
+    # A streaming call (a state in and out) skips them too, but for the state's values (check_state_values);
+    # the state's class is its tag (state.py), so a cached call takes only states of its own norm.
     key = None
-    stream = return_state is True and type(state) is NormState
+    stream = return_state is True and isinstance(state, NormState)
     if lengths is None and (stream or (state is None and return_state is False)) and type(x) is torch.Tensor \
             and not torch.compiler.is_compiling():
         try:
             key = (spec, x.shape, x.stride(), x.dtype, x.device, _meta(weight), _meta(bias), eps, type(eps),
                    eps_mode, decay, type(decay), layout, backend, num_channels,
-                   tuple(map(_meta, state)) if stream else None)
+                   (type(state), *map(_meta, state)) if stream else None)
             call = _CALLS.get(key)
         except (TypeError, AttributeError, RuntimeError):  # unhashable, not a tensor, no strides: the checks say
             key = call = None
@@ -59,12 +60,13 @@ def norm(spec: NormSpec, x: torch.Tensor, weight=None, bias=None, eps: float = 1
         call = _CALLS[key] = _permuted(call) if c.layout == "b t c" else call
         return call(x, weight, bias)
     forward = backends.resolve(backend, x)
+    tagged = state_type(*state_tag(spec, c.decay)) if return_state else None  # the returned state's class
     if key is not None:
-        _CALLS[key] = _streaming(forward, c.layout == "b t c", opts)
+        _CALLS[key] = _streaming(forward, c.layout == "b t c", opts, tagged)
     y, state_out = forward(c.x, weight, bias, c.lengths, state, return_state=return_state, **opts)
     if c.layout == "b t c":
         y = y.permute(0, 2, 1)
-    return (y, vouch(state_out)) if return_state else y
+    return (y, vouch(tagged._make(state_out))) if return_state else y
 
 
 def _permuted(call):
@@ -72,11 +74,12 @@ def _permuted(call):
     return lambda x, weight, bias: call(x.permute(0, 2, 1), weight, bias).permute(0, 2, 1)
 
 
-def _streaming(forward, permute, opts):
-    """A streaming call (state in and out) of a signature that passed the checks: the backend's forward."""
+def _streaming(forward, permute, opts, tagged):
+    """A streaming call (state in and out) of a signature that passed the checks: the backend's forward, its
+    state tagged (as the class ``tagged``)."""
     def call(x, weight, bias, state):
         y, s = forward(x.permute(0, 2, 1) if permute else x, weight, bias, None, state, return_state=True, **opts)
-        return (y.permute(0, 2, 1) if permute else y), s
+        return (y.permute(0, 2, 1) if permute else y), tuple.__new__(tagged, s)  # _make, without its length check
     return call
 
 

@@ -6,10 +6,11 @@ import functools
 import torch
 from torch import nn
 
-from .checks import check_flag, check_num_channels, check_options
+from .checks import check_flag, check_num_channels, check_options, state_tag
 from .functional import norm
 from .names import lookup
 from .spec import FAMILY, NormSpec, TimeMode
+from .state import state_type
 
 
 class NormLayer(nn.Module):
@@ -44,6 +45,7 @@ class NormLayer(nn.Module):
     """
 
     spec: NormSpec
+    _stream = None  # inside normlib.stream(model): this layer's slot there (stream.py), which keeps its state
 
     def __init__(self, num_channels: int, eps: float = 1e-8, elementwise_affine: bool = True,
                  bias: bool = True, *, eps_mode: str = "inside", decay: float | None = None,
@@ -59,6 +61,7 @@ class NormLayer(nn.Module):
         if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
             raise TypeError(f"dtype must be a floating dtype (of the weight and bias) or None, got {dtype!r}")
         self.decay = decay if self.spec.time is TimeMode.EMA else None
+        state_type(*state_tag(self.spec, decay))  # its states' class, made here rather than in a compiled call
         self.eps, self.eps_mode, self.backend = eps, eps_mode, backend
         self.elementwise_affine = elementwise_affine
         # registered as None where absent, as nn.LayerNorm's are (state_dict and register_parameter see them)
@@ -84,6 +87,12 @@ class NormLayer(nn.Module):
             nn.init.zeros_(self.bias)
 
     def forward(self, x, lengths=None, state=None, return_state=False):
+        slot = self._stream
+        if slot is not None and state is None and return_state is False:  # a stream's call: its state there
+            return slot(self._norm, x, lengths)
+        return self._norm(x, lengths, state, return_state)
+
+    def _norm(self, x, lengths, state, return_state):
         return norm(self.spec, x, self.weight, self.bias, self.eps, eps_mode=self.eps_mode,
                     decay=self.decay, layout=self.layout, lengths=lengths, state=state,
                     return_state=return_state, backend=self.backend, num_channels=self.num_channels)

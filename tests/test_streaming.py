@@ -459,3 +459,94 @@ def test_one_frame_of_one_sequence_without_autograd_matches_the_reference(name, 
         assert_rel(y, y_r, TOL[dtype], f"{name} y")
         assert_state_close(s, s_r, 1e-12, f"{name} state")
         assert torch.equal(x, x0)
+
+
+# ---------------------------------------------------------------------------------------------------
+# A state knows its norm
+# ---------------------------------------------------------------------------------------------------
+POOLED = [n for n in CAUSAL if not SPECS[n].per_channel]
+PER_CHANNEL = [n for n in CAUSAL if SPECS[n].per_channel]
+OTHERS = [(a, b) for group in (POOLED, PER_CHANNEL) for a in group for b in group if a != b]
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("name", CAUSAL)
+def test_a_returned_state_is_tagged_with_its_norm(name, backend):
+    x = make_x(2, 3, 4)
+    _, s = run(name, x, return_state=True, backend=backend, **_kw(name))
+    _, s = run(name, x[..., :1], state=s, return_state=True, backend=backend, **_kw(name))  # fast path
+    assert isinstance(s, NormState) and s.norm == name and s.decay == (0.9 if name in EMA else None)
+    w, m, m2 = s  # still three fields
+    assert len(s) == 3 and s._fields == ("w", "m", "m2")
+
+
+@pytest.mark.parametrize("pair", OTHERS, ids="-".join)
+def test_a_state_of_another_norm_is_refused_naming_both(pair):
+    a, b = pair
+    x = make_x(2, 3, 4)
+    _, sa = run(a, x, return_state=True, **_kw(a))
+    _, sb = run(b, x, return_state=True, **_kw(b))
+    run(b, x, state=sb, return_state=True, **_kw(b))  # b's signature with its own state: cached
+    run(b, x, state=sb, return_state=True, **_kw(b))
+    want = rf"state is a state of '{a}'( \(decay=0.9\))?; '{b}'( \(decay=0.9\))? refuses it"
+    with pytest.raises(ValueError, match=want):
+        run(b, x, state=sa, return_state=True, **_kw(b))  # the fast path's key holds the tag
+    with pytest.raises(ValueError, match=want):
+        run(b, x, state=sa, **_kw(b))
+
+
+def test_an_ema_state_of_another_decay_is_refused():
+    layer, other = normlib.create("emaln", 4, decay=0.99), normlib.create("emaln", 4, decay=0.9)
+    x = torch.randn(2, 4, 3)
+    _, s = layer(x, return_state=True)
+    _, s_other = other(x, return_state=True)
+    layer(x, state=s, return_state=True)
+    with pytest.raises(ValueError, match=r"'emaln' \(decay=0.9\); 'emaln' \(decay=0.99\) refuses it"):
+        layer(x, state=s_other, return_state=True)
+    y, s2 = layer(x, state=s_other.untagged(), return_state=True)  # on purpose: the tag dropped
+    assert s2.norm == "emaln" and s2.decay == 0.99
+
+
+@pytest.mark.parametrize("name", CAUSAL)
+def test_an_untagged_state_is_taken_by_any_norm_of_fitting_shapes(name):
+    x = make_x(2, 3, 4)
+    s = make_state(name, 2, 3)
+    assert type(s) is NormState and s.norm is None and s.decay is None
+    y, out = run(name, x, state=s, return_state=True, **_kw(name))
+    assert out.norm == name
+    assert torch.equal(y, run(name, x, state=NormState(*s), **_kw(name)))
+
+
+def test_the_tag_survives_save_to_detach_map_merge_copy_and_pytree():
+    import copy
+
+    import torch.utils._pytree as pytree
+
+    _, s = run("emaln", make_x(2, 3, 4), return_state=True, decay=0.5)
+    buf = io.BytesIO()
+    torch.save({"s": s, "plain": s.untagged()}, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=True)
+    assert type(loaded["s"]) is type(s) and type(loaded["plain"]) is NormState
+    _assert_states_equal(loaded["s"], s)
+    leaves, spec = pytree.tree_flatten({"s": s})
+    for t in (s.to(F32), s.detach(), s.map(lambda t: t[:1]), merge(s, NormState.empty(2), 1.0),
+              merge(NormState.empty(2), s, 1.0), copy.deepcopy(s), pytree.tree_unflatten(leaves, spec)["s"],
+              pytree.tree_map(lambda t: t + 1, s)):
+        assert type(t) is type(s) and (t.norm, t.decay) == ("emaln", 0.5)
+    assert "norm='emaln', decay=0.5" in repr(s)
+    assert s.tagged(None).norm is None and s.untagged().tagged("emaln", 0.5).__class__ is type(s)
+    _, c = run("cln", make_x(2, 3, 4), return_state=True)
+    with pytest.raises(ValueError, match=r"old is a state of 'emaln' \(decay=0.5\), new one of 'cln'"):
+        merge(s, c, 1.0)
+
+
+def test_the_tag_survives_torch_compile():
+    layer = normlib.create("ccemaln", 3, decay=0.7, backend="torch")
+    f = torch.compile(lambda x, s: layer(x, state=s, return_state=True), fullgraph=True, backend="aot_eager")
+    x = make_x(2, 3, 5)
+    _, s = f(x, None)
+    _, s = f(x, s)
+    assert (s.norm, s.decay) == ("ccemaln", 0.7)
+    with pytest.raises(ValueError, match=r"'ccln' refuses it"):  # raised as the graph is traced
+        torch.compile(lambda x, s: normlib.functional.ccln(x, state=s), backend="aot_eager")(x, s)

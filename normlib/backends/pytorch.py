@@ -130,11 +130,11 @@ def _welford_step(w0, m0, q0, n, mf, qf, d):
 def _one_frame(x, weight, bias, state, *, per_channel, decay, eps, eps_mode):
     """A streaming call of one frame (T = 1, no lengths) of a causal norm: Welford's step in float64 (a real-time
     model makes one such call per layer and hop). Returns (y, state). One sequence of a pooled norm without
-    autograd runs its statistics as Python floats: a tensor op costs microseconds whatever its size."""
+    autograd runs its statistics as Python floats, eagerly: a tensor op costs microseconds whatever its size."""
     B, C = x.shape[:2]
     grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad
                                            for t in (x, weight, bias, *(state or ())))
-    if not per_channel and B == 1 and not grad:
+    if not per_channel and B == 1 and not grad and not torch.compiler.is_compiling():  # floats: a graph break
         xd = x[0, :, 0].to(torch.float64)
         vf, mf = (float(v) for v in torch.var_mean(xd, correction=0))
         w, m, q = float(C), mf, vf * C
@@ -261,7 +261,8 @@ def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mod
     # gather: inductor (torch 2.13, CPU) fused gather's backward (a scatter) wrongly with the scan's, and
     # gave cln's state and x gradients 80 % off under torch.compile
     if lengths is None:  # every sequence ends at frame T - 1
-        w, m, m2 = (t[..., -1] for t in own)  # (B, C|1)
+        # copies, not views of stride T: a compiled stream's next call would guard on (recompile for) that stride
+        w, m, m2 = (t[..., -1].contiguous() for t in own)  # (B, C|1)
         k = K.to(rd)[..., -1]
     else:
         at = torch.arange(T, device=x.device) == (lengths - 1).clamp_min(0).view(B, 1, 1)
