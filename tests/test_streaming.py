@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 import normlib
 from normlib import NormState, merge
+from normlib.backends import pytorch
 from conftest import (CAUSAL, DC_OFFSET_TOL, EMA, LAYOUTS, RUNNING, SPECS, TOL, assert_rel, assert_state_close,
                       examples, make_affine, make_state, make_x, ref, rel_err, run, state_shape, stats_dtype,
                       time_dim, STATE_DTYPE)
@@ -392,8 +393,6 @@ def test_one_frame_calls_match_the_reference_values_and_gradients(name, layout, 
     """A call of one frame with a state takes the PyTorch backend's short path (Welford's step written out):
     y, the state and the gradients of x, the affine parameters and the state's m and m2 against the float64
     oracle, 1e4 from zero, from a random state and from none."""
-    from normlib.backends import pytorch
-
     taken = []
     real = pytorch._one_frame
     monkeypatch.setattr(pytorch, "_one_frame", lambda *a, **k: taken.append(1) or real(*a, **k))
@@ -437,15 +436,20 @@ def test_a_returned_state_is_checked_again_once_changed_in_place():
         layer(x, state=s, return_state=True)
 
 
+@pytest.mark.parametrize("T", [1, 5, pytorch.FEW_FRAMES])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 @pytest.mark.parametrize("eps_mode", ["inside", "outside"])
 @pytest.mark.parametrize("name", [n for n in CAUSAL if not SPECS[n].per_channel])
-def test_one_frame_of_one_sequence_without_autograd_matches_the_reference(name, eps_mode, dtype):
-    """The pooled one-frame call of one sequence under no_grad runs its statistics as Python floats: y and the
-    state against the float64 oracle, 1e4 from zero, from a random state and from none, and x left as it was."""
+def test_a_few_frames_of_one_sequence_without_autograd_match_the_reference(name, eps_mode, dtype, T, monkeypatch):
+    """A pooled call of one sequence and a few frames under no_grad runs its statistics as Python floats: y and
+    the state against the float64 oracle, 1e4 from zero, from a random state and from none, and x left as it
+    was."""
+    taken = []
+    real = pytorch._frames_floats
+    monkeypatch.setattr(pytorch, "_frames_floats", lambda *a: taken.append(1) or real(*a))
     g = torch.Generator().manual_seed(4)
     C = 7
-    x = make_x(1, C, 1, generator=g, offset=1e4).to(dtype)
+    x = make_x(1, C, T, generator=g, offset=1e4).to(dtype)
     x0 = x.clone()
     w, b = make_affine(C, torch.float32, generator=g)
     for st in (make_state(name, 1, C, generator=g), None):
@@ -459,6 +463,18 @@ def test_one_frame_of_one_sequence_without_autograd_matches_the_reference(name, 
         assert_rel(y, y_r, TOL[dtype], f"{name} y")
         assert_state_close(s, s_r, 1e-12, f"{name} state")
         assert torch.equal(x, x0)
+    assert len(taken) == 2
+
+
+def test_a_call_longer_than_a_few_frames_or_with_autograd_takes_the_general_path(monkeypatch):
+    taken = []
+    real = pytorch._frames_floats
+    monkeypatch.setattr(pytorch, "_frames_floats", lambda *a: taken.append(1) or real(*a))
+    layer = normlib.get("cln")(4, backend="torch")
+    layer(torch.randn(1, 4, pytorch.FEW_FRAMES + 1), return_state=True)
+    layer(torch.randn(1, 4, 3, requires_grad=True), return_state=True)
+    layer(torch.randn(2, 4, 3), return_state=True)
+    assert not taken
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -127,26 +127,46 @@ def _welford_step(w0, m0, q0, n, mf, qf, d):
     return w, m0 + a, q0 * d + qf + delta * a * dw
 
 
+FEW_FRAMES = 64  # a pooled call of one sequence this short, without autograd, runs its statistics as floats
+
+
+def _frames_floats(x, weight, bias, state, decay, eps, eps_mode):
+    """A short call (T <= FEW_FRAMES, no lengths) of one sequence (B = 1) of a pooled causal norm without autograd,
+    a real-time model's call: each frame's moments in float64 by one var_mean, then Welford's step frame by frame
+    as Python floats, and y in five tensor ops. A tensor op costs microseconds whatever its size; the general
+    path's scan takes some sixty. Returns (y, state)."""
+    C, T = x.shape[1], x.shape[2]
+    xd = x[0].to(torch.float64, copy=True)  # (C, T), ours to write over
+    vs, ms = torch.var_mean(xd, dim=0, correction=0)
+    w = m = q = 0.0  # _welford_step from an empty state gives the frame's mean exactly
+    if state is not None and decay != 0:  # FRAME ignores the state
+        w, m, q = (float(t) for t in state)
+    n, means, rstds = float(C), [], []
+    for mf, vf in zip(ms.tolist(), vs.tolist()):
+        w, m, q = _welford_step(w, m, q, n, mf, vf * n, decay)
+        means.append(m)
+        rstds.append(_rstd_float(q / w if w > 1 else 1.0, eps, eps_mode))
+    mr = torch.tensor((means, rstds), dtype=torch.float64, device=x.device)
+    y = xd.sub_(mr[0]).mul_(mr[1])
+    if weight is not None:
+        y = y.mul_(weight[:, None])
+    if bias is not None:
+        y = y.add_(bias[:, None])
+    out = torch.tensor((w, m, q), dtype=torch.float64, device=x.device)
+    return y.to(x.dtype)[None], NormState(out[0:1], out[1:2], out[2:3])
+
+
+def _grad(x, weight, bias, state) -> bool:
+    """Whether autograd records this call."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad
+                                           for t in (x, weight, bias, *(state or ())))
+
+
 def _one_frame(x, weight, bias, state, *, per_channel, decay, eps, eps_mode):
     """A streaming call of one frame (T = 1, no lengths) of a causal norm: Welford's step in float64 (a real-time
     model makes one such call per layer and hop). Returns (y, state). One sequence of a pooled norm without
-    autograd runs its statistics as Python floats, eagerly: a tensor op costs microseconds whatever its size."""
+    autograd takes _frames_floats (see forward)."""
     B, C = x.shape[:2]
-    grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad
-                                           for t in (x, weight, bias, *(state or ())))
-    if not per_channel and B == 1 and not grad and not torch.compiler.is_compiling():  # floats: a graph break
-        xd = x[0, :, 0].to(torch.float64)
-        vf, mf = (float(v) for v in torch.var_mean(xd, correction=0))
-        w, m, q = float(C), mf, vf * C
-        if state is not None and decay != 0:  # FRAME ignores the state
-            w, m, q = _welford_step(*(float(t) for t in state), float(C), mf, vf * C, decay)
-        y = (xd - m).mul_(_rstd_float(q / w if w > 1 else 1.0, eps, eps_mode))
-        if weight is not None:
-            y = y.mul_(weight)
-        if bias is not None:
-            y = y.add_(bias)
-        out = torch.tensor((w, m, q), dtype=torch.float64, device=x.device)
-        return y.to(x.dtype)[None, :, None], NormState(out[0:1], out[1:2], out[2:3])
     xd = x[..., 0].to(torch.float64)  # (B, C)
     if per_channel:  # one value a frame: no spread
         n, mf, qf = 1.0, xd, 0.0
@@ -174,6 +194,11 @@ def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mod
     B, C, T = x.shape
     if state is not None:  # its weight is a count, which nothing differentiable moves: no gradient
         state = NormState(state.w.detach(), state.m, state.m2)
+    # floats break a graph, and a test of T would guard on it: first of all, not while compiling
+    if not torch.compiler.is_compiling() and B == 1 and 1 <= T <= FEW_FRAMES and C and lengths is None \
+            and decay is not None and not per_channel and not _grad(x, weight, bias, state):
+        y, s = _frames_floats(x, weight, bias, state, decay, eps, eps_mode)
+        return y, s if return_state else None
     if T == 1 and C and lengths is None and decay is not None and return_state:
         return _one_frame(x, weight, bias, state, per_channel=per_channel, decay=decay, eps=eps, eps_mode=eps_mode)
     if T == 0 or C == 0:  # no frame or no channel: nothing to normalize, no value seen; the state passes through
