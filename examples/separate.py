@@ -246,10 +246,11 @@ def main(argv=None):
 
     t_start = time.perf_counter()
     model = build(args.norm, args.quick, args.seed).to(args.device)
+    normlib.stream(model)  # refuses a norm that cannot stream (gln, instln) now rather than after training
     n_norms = sum(isinstance(m, normlib.NormLayer) for m in model.modules())
     n_params = sum(p.numel() for p in model.parameters())
     print(f"causal Conv-TasNet, {n_norms} {args.norm} layers, {n_params / 1e3:.0f} k parameters, "
-          f"training on {args.device} ({torch.get_num_threads()} threads)")
+          f"training on {args.device} (CPU threads: {torch.get_num_threads()})")
     test_mix, test_src = make_mixtures(64, length, torch.Generator().manual_seed(args.seed + 1000), args.device)
     model.eval()
     print(f"held-out SI-SDRi before training: {si_sdri(model, test_mix, test_src):6.2f} dB")
