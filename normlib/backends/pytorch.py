@@ -133,27 +133,33 @@ FEW_FRAMES = 64  # a pooled call of one sequence this short, without autograd, r
 def _frames_floats(x, weight, bias, state, decay, eps, eps_mode):
     """A short call (T <= FEW_FRAMES, no lengths) of one sequence (B = 1) of a pooled causal norm without autograd,
     a real-time model's call: each frame's moments in float64 by one var_mean, then Welford's step frame by frame
-    as Python floats, and y in five tensor ops. A tensor op costs microseconds whatever its size; the general
-    path's scan takes some sixty. Returns (y, state)."""
+    as Python floats, and y in a handful of tensor ops. A tensor op costs microseconds whatever its size; the
+    general path's scan takes some sixty. Returns (y, state)."""
     C, T = x.shape[1], x.shape[2]
-    xd = x[0].to(torch.float64, copy=True)  # (C, T), ours to write over
+    one = T == 1  # 1-D, with scalars: fewer ops again
+    xd = (x[0, :, 0] if one else x[0]).to(torch.float64, copy=True)  # (C,) or (C, T), ours to write over
     vs, ms = torch.var_mean(xd, dim=0, correction=0)
+    vs, ms = ((float(vs),), (float(ms),)) if one else (vs.tolist(), ms.tolist())
     w = m = q = 0.0  # _welford_step from an empty state gives the frame's mean exactly
     if state is not None and decay != 0:  # FRAME ignores the state
         w, m, q = (float(t) for t in state)
     n, means, rstds = float(C), [], []
-    for mf, vf in zip(ms.tolist(), vs.tolist()):
+    for mf, vf in zip(ms, vs):
         w, m, q = _welford_step(w, m, q, n, mf, vf * n, decay)
         means.append(m)
         rstds.append(_rstd_float(q / w if w > 1 else 1.0, eps, eps_mode))
-    mr = torch.tensor((means, rstds), dtype=torch.float64, device=x.device)
-    y = xd.sub_(mr[0]).mul_(mr[1])
+    if one:
+        y = xd.sub_(m).mul_(rstds[0])
+    else:
+        mr = torch.tensor((means, rstds), dtype=torch.float64, device=x.device)
+        y = xd.sub_(mr[0]).mul_(mr[1])
+        weight, bias = (None if t is None else t[:, None] for t in (weight, bias))
     if weight is not None:
-        y = y.mul_(weight[:, None])
+        y = y.mul_(weight)
     if bias is not None:
-        y = y.add_(bias[:, None])
+        y = y.add_(bias)
     out = torch.tensor((w, m, q), dtype=torch.float64, device=x.device)
-    return y.to(x.dtype)[None], NormState(out[0:1], out[1:2], out[2:3])
+    return y.to(x.dtype).view(1, C, T), NormState(out[0:1], out[1:2], out[2:3])
 
 
 def _grad(x, weight, bias, state) -> bool:
