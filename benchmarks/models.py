@@ -38,11 +38,17 @@ MODES = ("eager", "compile", "reduce-overhead")
 DTYPES = ("fp32", "bf16")
 
 
-def median_ms(fn, device, warmup=3, reps=15):
-    """The median of ``reps`` timed calls after ``warmup`` (compilation happens there)."""
+def median_ms(fn, device, warmup=3, reps=15, first=None):
+    """The median of ``reps`` timed calls after ``warmup`` (compilation happens there); the first call's
+    seconds go in ``first["s"]`` (a compiled model's compile time)."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    for _ in range(warmup):
+    t0 = time.perf_counter()
+    for i in range(warmup):
         fn()
+        if i == 0:
+            sync()
+            if first is not None:
+                first["s"] = time.perf_counter() - t0
     sync()
     times = []
     for _ in range(reps):
@@ -58,8 +64,10 @@ def run_one(model, norm, mode, dtype, device, small=False, warmup=3, reps=15):
     torch._dynamo.reset()
     try:
         r = ModelRunner(model, norm, mode, dtype, device, small)
-        row["step_ms"] = median_ms(r.step, device, warmup, reps)
-        row["infer_ms"] = median_ms(r.infer, device, warmup, reps)
+        f1, f2 = {}, {}
+        row["step_ms"] = median_ms(r.step, device, warmup, reps, f1)
+        row["infer_ms"] = median_ms(r.infer, device, warmup, reps, f2)
+        row["first_s"] = round(f1["s"] + f2["s"], 2)  # the first step's and inference's: compile time
     except Exception as e:  # recorded in the table: "fails" is a result
         row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
     finally:
