@@ -128,3 +128,49 @@ def test_dynamic_shapes_compile_once_over_many_lengths(name, graphs):
         want, = torch.autograd.grad(layer(x).square().sum(), x)
         assert rel_err(gx, want) < 1e-4
     assert counters["stats"]["unique_graphs"] == graphs
+
+
+def test_the_access_analysis_of_a_launch_is_asked_once_per_kernel_and_constexprs():
+    """torch.compile's question (which arguments does a launch read and write?) costs a TTIR compile per
+    launch site; normlib's kernels are asked once per constexprs and argument kinds. A different constexpr or
+    dtype is asked again; an answer that holds the launch's own arguments is never reused; other kernels pass
+    through."""
+    from torch._inductor.dependencies import ReadWrites, StarDep
+    from torch.utils._ordered_set import OrderedSet
+
+    from types import SimpleNamespace as NS
+
+    class Kernel:  # sum_partials's parameters, as a JITFunction has them
+        params = [NS(name=n, is_constexpr=n.startswith("BLOCK"))
+                  for n in ("p_ptr", "gw_ptr", "gb_ptr", "R", "C", "BLOCK_R", "BLOCK_C")]
+
+    kernel = Kernel()
+    asked = []
+
+    def analysis(kern, kwargs, tma):
+        asked.append(dict(kwargs))
+        if kwargs["BLOCK_R"] == 0:  # a fallback that names the launch's own tensors
+            return list(v for v in kwargs.values() if isinstance(v, torch.Tensor))
+        return ReadWrites(OrderedSet([StarDep("p_ptr")]), OrderedSet([StarDep("gw_ptr"), StarDep("gb_ptr")]),
+                          OrderedSet())
+
+    memo = tb._memoized(analysis, (kernel,))
+
+    def launch(block_r=512, dtype=torch.float32, R=7, k=kernel):
+        kw = dict(p_ptr=torch.zeros(2, dtype=dtype), gw_ptr=torch.zeros(2), gb_ptr=torch.zeros(2), R=R, C=3,
+                  BLOCK_R=block_r, BLOCK_C=8)
+        return memo(k, kw, {})
+
+    first = launch()
+    assert launch(R=9) == first and len(asked) == 1  # new tensors, another R of the same specializations
+    assert launch(R=16) == first and len(asked) == 2  # R % 16 == 0: Triton specializes on it
+    launch(block_r=256), launch(dtype=torch.float16)
+    assert len(asked) == 4
+    launch(block_r=0), launch(block_r=0)
+    assert len(asked) == 6
+    other = Kernel()  # not one of normlib's kernels
+    launch(k=other), launch(k=other)
+    assert len(asked) == 8
+    got = launch()
+    got.reads.add(StarDep("x"))  # a consumer that changes the answer changes its own copy
+    assert launch() == first
