@@ -659,7 +659,7 @@ def _recip(w):
 
 @triton.jit
 def _chan_frames(x, n, nv, pw, pm, pq, first, log2d, LIGHT: tl.constexpr, BLOCK_T: tl.constexpr, SC: tl.constexpr,
-                 MODE: tl.constexpr = 1):
+                 MODE: tl.constexpr = 1, ca_w=0.0, ca_m=0.0, AGG_SHIFT: tl.constexpr = False):
     """Per-channel running statistics (CUMULATIVE, or EMA32's EMA) of every frame of a tile whose incoming
     prefix (pw, pm, pq) [SC] is known (a walk's carry, or the prefix the forward saved for the backward):
     (w, mean, M2, var, 1/w) [SC, BLOCK_T] and the tile's aggregate (aw, am, aq) [SC]. Float32 running sums
@@ -677,6 +677,10 @@ def _chan_frames(x, n, nv, pw, pm, pq, first, log2d, LIGHT: tl.constexpr, BLOCK_
     dx 1e-2 off). There s is 0 (frame 0's value) and e = pm - s enters as a frame of weight pw: mean = s +
     (pw e + S1) / W, M2 = pq + pw e^2 + S2 - (pw e + S1)^2 / W: pw e^2 cancels down to pw k e^2 / W, less than
     a bit when pw < k.
+    AGG_SHIFT (a walk with an incoming state): the tile's aggregate, which joins the carry of the frames alone
+    (ca_w, ca_m), takes its sums of x - sa, sa that carry's mean (the tile's first frame where it is empty),
+    rather than of x - s: s, the mean of the state merged in, may sit far from the data (a state of weight 6e6, 1e4 away: the aggregates' M2 a2 - a1 am lost 17 bits
+    and the carry's M2 was 40 off where it is 5, dx 5e-5 off on the H100).
     No branch: a runtime one, compiled into every tile, cost ccln's "b t c" backward 30-45 % on the H200."""
     ts = tl.arange(0, BLOCK_T)[None, :]
     nvf = nv.to(tl.float32) + tl.zeros([SC], tl.float32)
@@ -684,6 +688,9 @@ def _chan_frames(x, n, nv, pw, pm, pq, first, log2d, LIGHT: tl.constexpr, BLOCK_
     if LIGHT:
         s = tl.where(first & (pw < nvf), 0.0, s)
     u = tl.where(n > 0, x - s[:, None], 0.0)
+    if AGG_SHIFT:
+        sa = tl.where(ca_w > 0, ca_m, tl.sum(tl.where(ts == 0, x, 0.0), axis=1))
+        v = tl.where(n > 0, x - sa[:, None], 0.0)
     if MODE == 2:
         up = tl.exp2(-log2d * ts.to(tl.float32))  # d^-t
         dn = tl.exp2(log2d * ts.to(tl.float32))  # d^t
@@ -698,12 +705,19 @@ def _chan_frames(x, n, nv, pw, pm, pq, first, log2d, LIGHT: tl.constexpr, BLOCK_
         w = pw[:, None] * D + g
         dl = tl.exp2(log2d * (BLOCK_T - 1))  # the tile's totals, seen from its last frame
         aw = tl.where(nvf > 0, tl.sum(dn), 0.0)  # (a tile of no valid frame weighs nothing)
-        a1, a2 = tl.sum(uu, axis=1) * dl, tl.sum(qq, axis=1) * dl
+        if AGG_SHIFT:
+            vv = v * up
+            a1, a2 = tl.sum(vv, axis=1) * dl, tl.sum(v * vv, axis=1) * dl
+        else:
+            a1, a2 = tl.sum(uu, axis=1) * dl, tl.sum(qq, axis=1) * dl
     else:
         D = 1.0
         s1, s2 = _cumsum(u, BLOCK_T, SC, False), _cumsum(u * u, BLOCK_T, SC, False)
         w = pw[:, None] + (tl.minimum(ts + 1, nv) + tl.zeros([SC, BLOCK_T], tl.int32)).to(tl.float32)
-        a1, a2 = tl.sum(u, axis=1), tl.sum(u * u, axis=1)  # the tile's totals as plain sums, as _local_sums
+        if AGG_SHIFT:
+            a1, a2 = tl.sum(v, axis=1), tl.sum(v * v, axis=1)
+        else:
+            a1, a2 = tl.sum(u, axis=1), tl.sum(u * u, axis=1)  # the tile's totals as plain sums, as _local_sums
         aw = nvf
     rw = _recip(w)
     c = pq[:, None] * D
@@ -714,7 +728,7 @@ def _chan_frames(x, n, nv, pw, pm, pq, first, log2d, LIGHT: tl.constexpr, BLOCK_
     a = s1 * rw
     m2 = _at_least(c + s2 - s1 * a, 0.0)
     am = a1 / tl.where(aw > 0, aw, 1.0)
-    return w, s[:, None] + a, m2, m2 * rw, rw, aw, s + am, _at_least(a2 - a1 * am, 0.0), s, a
+    return w, s[:, None] + a, m2, m2 * rw, rw, aw, (sa if AGG_SHIFT else s) + am, _at_least(a2 - a1 * am, 0.0), s, a
 
 
 @triton.jit
@@ -1048,7 +1062,8 @@ def running_norm_fwd(
                 if WALK_CHAN:
                     fw_, fm_, fq_ = _with_state(cw, cm, cq, iw, im, iq, t0, log2d, HAS_SIN)
                     kw_, km_, kq_, kvar, _r, aw, am, aq, _s, _a = _chan_frames(sm, fn, nv, fw_, fm_, fq_, t0 == 0,
-                                                                               log2d, HAS_SIN, BLOCK_T, SC, MODE)
+                                                                               log2d, HAS_SIN, BLOCK_T, SC, MODE,
+                                                                               cw, cm, HAS_SIN)
                 else:
                     lw, l1, l2, D, L, aw, am, aq = _local_sums(fn, sm, sq, log2d, nv, BLOCK_T, SC, POOL_ALL, MODE)
                 pw, pm, pq, cw, cm, cq = _prefix(ws_ptr, rec0, it, tag, cw, cm, cq, aw, am, aq, d_tile, offs_s,
