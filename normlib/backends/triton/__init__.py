@@ -14,9 +14,6 @@ launcher directly, with autograd an ``autograd.Function`` that shares the ops' s
 """
 from __future__ import annotations
 
-import copy
-import dataclasses
-import functools
 from typing import Optional
 
 import torch
@@ -42,92 +39,6 @@ def _op(name):
         op.register_fake(fn)
         return op
     return make
-
-
-def _access_key(kernel, kwargs):
-    """What torch's access analysis of a launch of ``kernel`` depends on: the constexprs' values, each other
-    argument's kind (a tensor's dtype, an int's specializations) and nothing of the tensors themselves.
-    None where an argument is of a kind not foreseen (then no memo)."""
-    key = [kernel]
-    for p in kernel.params:
-        v = kwargs.get(p.name)
-        if p.is_constexpr or v is None or isinstance(v, (bool, str)):
-            key.append(v)
-        elif type(v) is int:
-            key.append((int, v == 1, v % 16 == 0))  # Triton specializes on these
-        elif isinstance(v, float):
-            key.append(float)
-        elif hasattr(v, "get_dtype") or isinstance(v, torch.Tensor):  # an Inductor buffer, or a (fake) tensor
-            key.append(v.get_dtype() if hasattr(v, "get_dtype") else v.dtype)
-        elif isinstance(v, torch.SymInt) or type(v).__module__.startswith("sympy"):
-            key.append("symbolic")
-        else:
-            return None
-    try:
-        hash(tuple(key))
-    except TypeError:
-        return None
-    return tuple(key)
-
-
-def _holds(result, values) -> bool:
-    """Whether ``result`` (names of arguments, in lists, sets and dataclasses) holds one of ``values``."""
-    if any(result is v for v in values):
-        return True
-    if isinstance(result, (str, bytes, int, float, type(None))):
-        return False
-    if dataclasses.is_dataclass(result):
-        return any(_holds(getattr(result, f.name), values) for f in dataclasses.fields(result))
-    if isinstance(result, dict):
-        return any(_holds(k, values) or _holds(v, values) for k, v in result.items())
-    try:
-        return any(_holds(r, values) for r in result)
-    except TypeError:
-        return False
-
-
-def _memoized(analysis, ours):
-    """``analysis`` (torch's question: which arguments does this kernel launch read and write?) asked once per
-    ``_access_key`` for the kernels in ``ours``. Answers that hold the launch's own arguments (a fallback's
-    "all of them") are not kept."""
-    cache = {}
-
-    @functools.wraps(analysis)
-    def memo(kernel, kwargs, *args, **kw):
-        # (a launch with TMA descriptors, which these kernels have none of, is asked each time)
-        key = _access_key(kernel, kwargs) if kernel in ours and not any(args) and not any(kw.values()) else None
-        if key is None:
-            return analysis(kernel, kwargs, *args, **kw)
-        if key not in cache:
-            result = analysis(kernel, kwargs, *args, **kw)
-            if _holds(result, [v for v in kwargs.values() if not isinstance(v, (bool, int, float, str))]):
-                return result
-            cache[key] = result
-        return copy.deepcopy(cache[key])
-
-    memo.normlib_memo = True
-    return memo
-
-
-def _memoize_access_analysis():
-    """torch.compile asks which arguments of a user kernel's launch it reads and writes at four stages of each
-    launch site (functionalization, two of Inductor's lowering steps, its IR node), each time compiling the
-    kernel to TTIR and walking it: about 0.3 s for these kernels, over 3 minutes for a model of 49 norm layers
-    (pytorch/pytorch#193227 asks once upstream). The answer depends on the kernel and its constexprs, not on
-    the tensors, so normlib's kernels are asked once per ``_access_key``."""
-    try:
-        from torch._higher_order_ops import triton_kernel_wrap as tkw
-    except ImportError:
-        return
-    ours = (kernels.running_norm_fwd, kernels.running_norm_bwd, kernels.sum_partials, kernels.span_scan)
-    for name in ("identify_accessed_tensors", "identify_mutated_tensors"):
-        fn = getattr(tkw, name, None)
-        if callable(fn) and not getattr(fn, "normlib_memo", False):
-            setattr(tkw, name, _memoized(fn, ours))
-
-
-if _TRACEABLE:
-    _memoize_access_analysis()
 
 
 @_op("normlib::running_norm_fwd")
