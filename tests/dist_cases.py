@@ -22,6 +22,7 @@ from normlib import distributed as nd
 SPLITS = {1: [5], 2: [1, 6], 3: [3, 1, 4]}
 LENGTHS = {1: [5, 2, 1, 0], 2: [7, 1, 3, 0], 3: [8, 2, 4, 0]}
 TOLS = {torch.float64: 1e-10, torch.float32: 2e-5}
+DEVICE = torch.device("cpu")  # main() sets this rank's device
 
 
 class Record:
@@ -61,15 +62,16 @@ def norm_case(rec, rank, world, name, layout, backend, dtype, full):
     split = SPLITS[world]
     B, C, T = 4, 3, sum(split)
     g = torch.Generator().manual_seed(zlib.crc32(f"{name} {layout} {backend} {full}".encode()))  # not hash(): salted per process
-    x = make_x(B, C, T, layout, dtype, g)
-    w, b = make_affine(C, dtype, g)
-    lengths = torch.tensor(LENGTHS[world]) if full else None
+    x = make_x(B, C, T, layout, dtype, g).to(DEVICE)
+    w, b = (t.to(DEVICE) for t in make_affine(C, dtype, g))
+    lengths = torch.tensor(LENGTHS[world], device=DEVICE) if full else None
     causal = spec.causal
-    state = make_state(name, B, C, generator=g) if causal and full else None
+    state = make_state(name, B, C, generator=g).to(DEVICE) if causal and full else None
     return_state = causal and full
     decay = 0.7 if spec.time is normlib.TimeMode.EMA else None
-    gy = torch.randn(x.shape, dtype=torch.float64, generator=g).to(dtype)
-    gm, gm2 = (torch.randn((B, C) if spec.per_channel else (B,), dtype=torch.float64, generator=g) for _ in "12")
+    gy = torch.randn(x.shape, dtype=torch.float64, generator=g).to(DEVICE, dtype)
+    gm, gm2 = (torch.randn((B, C) if spec.per_channel else (B,), dtype=torch.float64, generator=g).to(DEVICE)
+               for _ in "12")
 
     def loss(out, with_state):
         y, s = out if return_state else (out, None)
@@ -108,7 +110,7 @@ def norm_case(rec, rank, world, name, layout, backend, dtype, full):
 def collectives(rec, rank, world):
     """After a size's first call, one all_gather forward and one all_reduce backward per call (lengths too)."""
     split = SPLITS[world]
-    x = make_x(2, 3, sum(split), dtype=torch.float64)
+    x = make_x(2, 3, sum(split), dtype=torch.float64).to(DEVICE)
     counts = {"all_gather": 0, "all_reduce": 0}
     real = {k: getattr(nd.dist, k) for k in counts}
 
@@ -118,7 +120,7 @@ def collectives(rec, rank, world):
             return real[k](*a, **kw)
         return call
 
-    lengths = torch.tensor([sum(split), 1])
+    lengths = torch.tensor([sum(split), 1], device=DEVICE)
     for name in ("cln", "gln"):
         for first in (True, False):
             xr = _leaf(_slice(x, "b c t", rank, split))
@@ -138,10 +140,12 @@ def collectives(rec, rank, world):
 
 
 def norms(rank, world, rec):
-    for backend, dtype in (("torch", torch.float64), ("triton", torch.float32)):
+    for backend, dtype in (("torch", torch.float64), ("triton", torch.float32), ("torch", torch.float32))[
+            :3 if DEVICE.type == "cuda" else 2]:
         for name in NORMS:
             for layout in ("b c t", "b t c"):
-                for full in ((False, True) if backend == "torch" else (layout == "b c t",)):
+                # the interpreter is slow: Triton on the CPU runs each norm once per layout
+                for full in ((False, True) if backend == "torch" or DEVICE.type == "cuda" else (layout == "b c t",)):
                     norm_case(rec, rank, world, name, layout, backend, dtype, full)
     collectives(rec, rank, world)
 
@@ -171,13 +175,13 @@ def data_parallel(rank, world, rec):
         torch.manual_seed(1)
         build = lambda: normlib.models.channels_last_tcn(norm, in_features=4, out_features=4, channels=6,  # noqa: E731
                                                          n_blocks=1, kernel_size=3, mlp_ratio=1,
-                                                         backend=backend).to(dtype)
+                                                         backend=backend).to(DEVICE, dtype)
         single = build()
         replica = build()
         replica.load_state_dict(single.state_dict())
         g = torch.Generator().manual_seed(2)
-        batches = [(torch.randn(B, 9, 4, generator=g, dtype=torch.float64).to(dtype),
-                    torch.randn(B, 9, 4, generator=g, dtype=torch.float64).to(dtype)) for _ in range(steps)]
+        batches = [(torch.randn(B, 9, 4, generator=g, dtype=torch.float64).to(DEVICE, dtype),
+                    torch.randn(B, 9, 4, generator=g, dtype=torch.float64).to(DEVICE, dtype)) for _ in range(steps)]
         _train(single, batches, steps, opt=opt)
         per_rank = B // world
         mine = [(x[rank * per_rank:(rank + 1) * per_rank], t[rank * per_rank:(rank + 1) * per_rank])
@@ -207,13 +211,13 @@ def model_parallel(rank, world, rec):
     from torch.nn.parallel import DistributedDataParallel as DDP
     split, steps = SPLITS[world], 3
     torch.manual_seed(3)
-    single = _Pointwise().double()
-    replica = _Pointwise().double()
+    single = _Pointwise().to(DEVICE, torch.float64)
+    replica = _Pointwise().to(DEVICE, torch.float64)
     replica.load_state_dict(single.state_dict())
     g = torch.Generator().manual_seed(4)
     T = sum(split)
-    batches = [(torch.randn(2, 3, T, generator=g, dtype=torch.float64),
-                torch.randn(2, 2, T, generator=g, dtype=torch.float64)) for _ in range(steps)]
+    batches = [(torch.randn(2, 3, T, generator=g, dtype=torch.float64).to(DEVICE),
+                torch.randn(2, 2, T, generator=g, dtype=torch.float64).to(DEVICE)) for _ in range(steps)]
     # the single process's loss: the mean over all frames; a rank's: its frames' share of that mean
     optim = torch.optim.SGD(single.parameters(), lr=0.1)
     for x, t in batches:
@@ -241,11 +245,13 @@ def model_parallel(rank, world, rec):
 
 def errors(rank, world, rec):
     """Bad input: errors that name the argument, raised on every rank alike (no rank left in a collective)."""
-    x = torch.randn(2, 3, SPLITS[world][rank], dtype=torch.float64)
+    x = torch.randn(2, 3, SPLITS[world][rank], dtype=torch.float64, device=DEVICE)
     for kwargs, match in ((dict(group="world"), "group must be a torch.distributed ProcessGroup"),
-                          (dict(group=dist.group.WORLD, lengths=torch.tensor([1.0, 2.0])), "integer"),
-                          (dict(group=dist.group.WORLD, lengths=torch.tensor([100, 1])), "lengths must lie in"),
-                          (dict(group=dist.group.WORLD, lengths=torch.tensor([1, rank])), "lengths differ")):
+                          (dict(group=dist.group.WORLD, lengths=torch.tensor([1.0, 2.0], device=DEVICE)), "integer"),
+                          (dict(group=dist.group.WORLD, lengths=torch.tensor([100, 1], device=DEVICE)),
+                           "lengths must lie in"),
+                          (dict(group=dist.group.WORLD, lengths=torch.tensor([1, rank], device=DEVICE)),
+                           "lengths differ")):
         rec.checks += 1
         try:
             normlib.functional.cln(x, backend="torch", **kwargs)
@@ -263,9 +269,15 @@ def errors(rank, world, rec):
 JOBS = {"norms": norms, "data_parallel": data_parallel, "model_parallel": model_parallel, "errors": errors}
 
 
-def main(rank, world, port, jobs, out):
+def main(rank, world, port, jobs, out, backend="gloo", device="cpu"):
+    """Rank ``rank`` of ``world``: runs ``jobs`` and writes their failures and check counts to out/<rank>.json.
+    ``device`` "cuda": NCCL gives each rank its GPU; gloo puts every rank on GPU 0 (CUDA tensors through gloo)."""
+    global DEVICE
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+    if device == "cuda":
+        DEVICE = torch.device("cuda", rank if backend == "nccl" else 0)
+        torch.cuda.set_device(DEVICE)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=120))
     result = {}
     try:

@@ -23,11 +23,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def spawn(world, jobs, tmp_path, minimum):
-    """Run ``jobs`` on ``world`` gloo ranks; assert that no rank failed and that each made ``minimum`` checks."""
+def spawn(world, jobs, tmp_path, minimum, backend="gloo", device="cpu"):
+    """Run ``jobs`` on ``world`` ranks; assert that no rank failed and that each made ``minimum`` checks."""
     ctx = mp.get_context("spawn")
     port = _free_port()
-    procs = [ctx.Process(target=dist_cases.main, args=(r, world, port, jobs, str(tmp_path))) for r in range(world)]
+    procs = [ctx.Process(target=dist_cases.main, args=(r, world, port, jobs, str(tmp_path), backend, device))
+             for r in range(world)]
     for p in procs:
         p.start()
     deadline = time.monotonic() + TIMEOUT
@@ -72,5 +73,7 @@ def test_group_refused_outside_distributed():
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs two GPUs: this machine has "
                     f"{torch.cuda.device_count()} (benchmarks/sequence_parallel.py runs on two)")
-def test_sequence_parallel_nccl():  # pragma: no cover (no GPU in CI)
-    pytest.fail("write me")
+def test_sequence_parallel_nccl(tmp_path):  # pragma: no cover (no GPU in CI)
+    """The gloo tests' cases on two GPUs through NCCL, the Triton kernels compiled (float32 on both backends too)."""
+    spawn(2, ["norms", "errors", "model_parallel", "data_parallel"], tmp_path,
+          {"norms": 300, "errors": 4, "model_parallel": 10, "data_parallel": 20}, backend="nccl", device="cuda")
