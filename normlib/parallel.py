@@ -22,7 +22,7 @@ def _module(model: nn.Module) -> nn.Module:
 class SequenceParallel:
     """The context that :func:`sequence_parallel` returns; see there."""
 
-    def __init__(self, model: nn.Module, group=None):
+    def __init__(self, model: nn.Module, group: dist.ProcessGroup | None = None):
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         self.model = model
@@ -61,7 +61,7 @@ def _nothing():
     return None
 
 
-def sequence_parallel(model: nn.Module, group=None) -> SequenceParallel:
+def sequence_parallel(model: nn.Module, group: dist.ProcessGroup | None = None) -> SequenceParallel:
     """Run ``model`` on slices of the time axis, one per rank of ``group``: inside
     ``with normlib.sequence_parallel(model, group):`` each normlib layer of ``model`` takes its input as this
     rank's slice (the ranks of ``group`` hold consecutive slices, in rank order, of any lengths) and returns
