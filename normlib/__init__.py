@@ -2,6 +2,7 @@
 from . import functional, models, reference
 from .modules import (ChannelCumulativeLayerNorm, ChannelEMALayerNorm, CumulativeLayerNorm, EMALayerNorm,
                       FrameLayerNorm, GlobalLayerNorm, InstanceLayerNorm, NormLayer, layer_class)
+from .parallel import SequenceParallel, sequence_parallel
 from .registry import aliases, available, create, get, register
 from .replace import Left, ReplaceReport, Swapped, replace_norms
 from .spec import FAMILY, NormSpec, Pool, TimeMode
@@ -14,4 +15,5 @@ __all__ = [
     "NormSpec", "Pool", "TimeMode", "FAMILY", "NormLayer", "layer_class", "CumulativeLayerNorm",
     "ChannelCumulativeLayerNorm", "GlobalLayerNorm", "EMALayerNorm", "FrameLayerNorm", "InstanceLayerNorm",
     "ChannelEMALayerNorm", "replace_norms", "ReplaceReport", "Swapped", "Left", "stream", "Stream",
+    "sequence_parallel", "SequenceParallel",
 ]

@@ -7,6 +7,7 @@ import weakref
 from typing import NamedTuple
 
 import torch
+import torch.distributed as dist
 
 from .backends import NAMES
 from .spec import NormSpec, TimeMode, _check_decay, _real, normalize_layout
@@ -241,3 +242,39 @@ def check_state_values(state: NormState):
         if spread.any():
             raise ValueError(f"state.m2 must be 0 where state.w is 0 (an empty state), got "
                              f"{state.m2[spread].flatten()[0].item():.6g} there")
+
+
+def check_group(group):
+    """A sequence-parallel call's process group: a torch.distributed ProcessGroup of which this process is a
+    member (``dist.group.WORLD``, or one from ``dist.new_group``), torch.distributed initialized. Returns it."""
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError(f"group={group!r}: torch.distributed is not initialized (call "
+                           "torch.distributed.init_process_group first, on every rank)")
+    if not isinstance(group, dist.ProcessGroup):
+        raise TypeError(f"group must be a torch.distributed ProcessGroup (dist.group.WORLD or one of "
+                        f"dist.new_group(ranks)), got {type(group).__name__}")
+    if dist.get_rank(group) < 0:
+        raise ValueError(f"group: this process (global rank {dist.get_rank()}) is not a member of it")
+    return group
+
+
+def check_sp_lengths(lengths, B: int, device):
+    """A sequence-parallel call's ``lengths``, those of the whole sequences: None, or (B,) integers on x's device
+    (int64 returned). Their range, [0, the whole sequences' frames], is checked once the ranks' frame counts are
+    known (normlib.distributed)."""
+    if lengths is None:
+        return None
+    if not isinstance(lengths, torch.Tensor):
+        try:
+            lengths = torch.as_tensor(lengths, device=device)
+        except (TypeError, ValueError, RuntimeError, OverflowError):
+            raise TypeError(f"lengths must be a tensor or a sequence of integers, got {lengths!r}") from None
+        if not lengths.numel():
+            lengths = lengths.long()
+    if lengths.shape != (B,):
+        raise ValueError(f"lengths must have shape ({B},) (one length per batch item), got {tuple(lengths.shape)}")
+    if lengths.dtype.is_floating_point or lengths.dtype.is_complex or lengths.dtype == torch.bool:
+        raise TypeError(f"lengths must be an integer tensor, got {lengths.dtype}")
+    if lengths.device != device:
+        raise ValueError(f"lengths is on {lengths.device} but x is on {device}")
+    return lengths.to(torch.int64)

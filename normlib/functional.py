@@ -19,9 +19,19 @@ def _meta(t):
 
 def norm(spec: NormSpec, x: torch.Tensor, weight=None, bias=None, eps: float = 1e-8, *, eps_mode="inside",
          decay=None, layout="b c t", lengths=None, state=None, return_state=False, backend="auto",
-         num_channels=None):
+         num_channels=None, group=None):
     """Normalize ``x`` with the norm ``spec`` (a NormSpec or a registered name); returns ``y``, or
-    ``(y, state)`` with ``return_state``."""
+    ``(y, state)`` with ``return_state``.
+
+    ``group``: a ``torch.distributed`` process group whose ranks hold, in rank order, slices of the time axis;
+    ``x`` is this rank's slice, ``lengths`` and ``state`` are the whole sequences' (``state`` read on the first
+    rank), and ``y`` is the single-device ``y`` on this slice (normlib.distributed, the sequence-parallel guide)."""
+    if group is not None:  # sequence parallelism: one collective per call (normlib.distributed)
+        from . import distributed
+        return distributed.norm(_spec(spec), x, weight, bias, eps, eps_mode=eps_mode, decay=decay, layout=layout,
+                                lengths=lengths, state=state, return_state=return_state, backend=backend,
+                                num_channels=None if num_channels is None else check_num_channels(num_channels),
+                                group=group)
     # A model's call (no lengths, no state) whose signature passed the checks before goes straight to its
     # prepared call: the key holds everything check_inputs reads of these arguments (types included: True
     # == 1 as a key, not as an eps).
@@ -44,10 +54,7 @@ def norm(spec: NormSpec, x: torch.Tensor, weight=None, bias=None, eps: float = 1
             check_state_values(state)
             y, state = call(x, weight, bias, state)
             return y, vouch(state)
-    if isinstance(spec, str):
-        spec = lookup(spec)
-    if isinstance(spec, type):  # a layer class: its spec (not a layer, whose own settings would be dropped)
-        spec = getattr(spec, "spec", spec)
+    spec = _spec(spec)
     if num_channels is not None:
         num_channels = check_num_channels(num_channels)
     c = check_inputs(spec, x, weight, bias, eps, eps_mode, decay, lengths, state, return_state, layout,
@@ -67,6 +74,15 @@ def norm(spec: NormSpec, x: torch.Tensor, weight=None, bias=None, eps: float = 1
     if c.layout == "b t c":
         y = y.permute(0, 2, 1)
     return (y, vouch(tagged._make(state_out))) if return_state else y
+
+
+def _spec(spec):
+    """A registered name's spec, a layer class's spec (not a layer's: its own settings would be dropped)."""
+    if isinstance(spec, str):
+        spec = lookup(spec)
+    if isinstance(spec, type):
+        spec = getattr(spec, "spec", spec)
+    return spec
 
 
 def _permuted(call):

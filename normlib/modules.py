@@ -46,6 +46,7 @@ class NormLayer(nn.Module):
 
     spec: NormSpec
     _stream = None  # inside normlib.stream(model): this layer's slot there (stream.py), which keeps its state
+    _parallel = None  # inside normlib.sequence_parallel(model): that context (parallel.py), which holds the group
 
     def __init__(self, num_channels: int, eps: float = 1e-8, elementwise_affine: bool = True,
                  bias: bool = True, *, eps_mode: str = "inside", decay: float | None = None,
@@ -95,7 +96,8 @@ class NormLayer(nn.Module):
     def _norm(self, x, lengths, state, return_state):
         return norm(self.spec, x, self.weight, self.bias, self.eps, eps_mode=self.eps_mode,
                     decay=self.decay, layout=self.layout, lengths=lengths, state=state,
-                    return_state=return_state, backend=self.backend, num_channels=self.num_channels)
+                    return_state=return_state, backend=self.backend, num_channels=self.num_channels,
+                    group=None if self._parallel is None else self._parallel.group)
 
     def extra_repr(self) -> str:
         s = f"{self.num_channels}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
