@@ -235,7 +235,7 @@ def test_default_decay_and_backend(name):
     if name in EMA:
         assert layer.decay == SPECS[name].decay
     x = make_x(2, 4, 9)
-    assert torch.equal(layer(x), run(name, x))  # "auto" on CPU is the torch backend
+    assert torch.equal(layer(x), run(name, x, layer.weight, layer.bias))  # "auto" on CPU is the torch backend
 
 
 @pytest.mark.parametrize("name", CAUSAL)
