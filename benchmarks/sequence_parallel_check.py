@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import pathlib
-import socket
 import sys
 import tempfile
 import time
@@ -27,15 +26,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 import torch  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
 
 TIMEOUT = 540  # seconds for one run's processes
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run(world: int, jobs: list[str], backend: str, device: str) -> dict:
@@ -44,29 +36,12 @@ def run(world: int, jobs: list[str], backend: str, device: str) -> dict:
 
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as out:
-        ctx = mp.get_context("spawn")
-        port = _free_port()
-        procs = [ctx.Process(target=dist_cases.main, args=(r, world, port, jobs, out, backend, device))
-                 for r in range(world)]
-        for p in procs:
-            p.start()
-        deadline = time.monotonic() + TIMEOUT
-        for p in procs:
-            p.join(max(0.0, deadline - time.monotonic()))
-        failures, checks = [], 0
-        for r, p in enumerate(procs):
-            if p.is_alive():
-                p.kill()
-                p.join()
-                failures.append(f"rank {r}: still running after {TIMEOUT} s")
-                continue
-            path = pathlib.Path(out, f"{r}.json")
-            if not path.exists():
-                failures.append(f"rank {r}: no result (exit code {p.exitcode})")
-                continue
-            for job, res in json.loads(path.read_text()).items():
-                checks += res["checks"]
-                failures += [f"rank {r}, {job}: {f}" for f in res["failures"]]
+        results, failures = dist_cases.spawn(world, jobs, out, TIMEOUT, backend, device)
+    checks = 0
+    for r, result in results.items():
+        for job, res in result.items():
+            checks += res["checks"]
+            failures += [f"rank {r}, {job}: {f}" for f in res["failures"]]
     return dict(world=world, backend=backend, device=device, jobs=jobs, checks=checks, failures=failures,
                 seconds=round(time.perf_counter() - t0, 1))
 

@@ -13,6 +13,24 @@ from .spec import FAMILY, NormSpec, TimeMode
 from .state import state_type
 
 
+class NotCopied:
+    """A context's object that its layers refer to while in it (normlib.stream's slot, sequence_parallel's
+    context): a copy of a layer (copy.deepcopy, pickle) made inside the context is a plain layer, in no
+    context."""
+
+    __slots__ = ()
+
+    def __deepcopy__(self, memo):
+        return None
+
+    def __reduce__(self):
+        return _nothing, ()
+
+
+def _nothing():
+    return None
+
+
 class NormLayer(nn.Module):
     r"""A normalization layer of the normlib family for (batch, channels, time) sequences.
 

@@ -10,7 +10,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .checks import check_group
-from .modules import NormLayer
+from .modules import NormLayer, NotCopied
 
 
 def _module(model: nn.Module) -> nn.Module:
@@ -19,7 +19,7 @@ def _module(model: nn.Module) -> nn.Module:
     return inner if isinstance(inner, nn.Module) else model
 
 
-class SequenceParallel:
+class SequenceParallel(NotCopied):  # (a process group does not copy either)
     """The context that :func:`sequence_parallel` returns; see there."""
 
     def __init__(self, model: nn.Module, group: dist.ProcessGroup | None = None):
@@ -48,17 +48,6 @@ class SequenceParallel:
         """The normlib layers that the context covers, by their names in the model."""
         return dict(self._layers)
 
-    # a copy of a layer made inside the context (copy.deepcopy, pickle) is a plain layer: a process group does not
-    # copy, and the copy is in no context
-    def __deepcopy__(self, memo):
-        return None
-
-    def __reduce__(self):
-        return _nothing, ()
-
-
-def _nothing():
-    return None
 
 
 def sequence_parallel(model: nn.Module, group: dist.ProcessGroup | None = None) -> SequenceParallel:

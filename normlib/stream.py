@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from .checks import check_state_tag
-from .modules import NormLayer
+from .modules import NormLayer, NotCopied
 from .state import NormState
 
 
@@ -28,7 +28,7 @@ def _label(key: str) -> str:
     return repr(key) if key else "'' (the model itself)"
 
 
-class _Slot:
+class _Slot(NotCopied):
     """A layer's place in a stream: its states, one per use in a call of the streamed model (a layer that a
     model calls twice sees two sequences of activations, so it keeps two states), and the uses so far."""
 
@@ -59,16 +59,6 @@ class _Slot:
     def key(self, i: int) -> str:
         return self.name if i == 0 else f"{self.name}#{i}"
 
-    # a copy of a layer (copy.deepcopy, pickle) made inside a stream is a plain layer: it is in no stream
-    def __deepcopy__(self, memo):
-        return None
-
-    def __reduce__(self):
-        return _nothing, ()
-
-
-def _nothing():
-    return None
 
 
 class Stream:

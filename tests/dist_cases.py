@@ -5,6 +5,8 @@ import datetime
 import json
 import os
 import pathlib
+import socket
+import time
 import traceback
 import zlib
 
@@ -292,3 +294,38 @@ def main(rank, world, port, jobs, out, backend="gloo", device="cpu"):
         pathlib.Path(out, f"{rank}.json").write_text(json.dumps(result))
         dist.destroy_process_group()
     os._exit(0)  # no interpreter teardown of gloo's threads
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn(world, jobs, out, timeout, backend="gloo", device="cpu") -> tuple[dict, list[str]]:
+    """Run ``jobs`` on ``world`` spawned ranks, writing their results under the folder ``out``; a rank still running
+    after ``timeout`` seconds is killed. Returns ({rank: {job: {"checks", "failures"}}}, what went wrong with the
+    processes: ranks that hung or wrote nothing)."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    port = _free_port()
+    procs = [ctx.Process(target=main, args=(r, world, port, jobs, str(out), backend, device)) for r in range(world)]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    results, problems = {}, []
+    for r, p in enumerate(procs):
+        if p.is_alive():
+            p.kill()
+            p.join()
+            problems.append(f"rank {r} of {world}: still running after {timeout} s (a collective that hangs)")
+            continue
+        path = pathlib.Path(out, f"{r}.json")
+        if not path.exists():
+            problems.append(f"rank {r}: wrote no result (exit code {p.exitcode})")
+            continue
+        results[r] = json.loads(path.read_text())
+    return results, problems

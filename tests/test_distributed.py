@@ -1,15 +1,10 @@
 """Sequence parallelism (normlib.sequence_parallel, functional.norm's group=) and data parallel training, on gloo
 with 2 and 3 processes that each test spawns (tests/dist_cases.py: what the ranks run), bounded in time; NCCL
 where two GPUs are present."""
-import json
-import pathlib
-import socket
-import time
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import normlib
 import dist_cases
@@ -17,32 +12,11 @@ import dist_cases
 TIMEOUT = 300  # seconds for one spawn: a hang fails the test instead of blocking CI
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def spawn(world, jobs, tmp_path, minimum, backend="gloo", device="cpu"):
     """Run ``jobs`` on ``world`` ranks; assert that no rank failed and that each made ``minimum`` checks."""
-    ctx = mp.get_context("spawn")
-    port = _free_port()
-    procs = [ctx.Process(target=dist_cases.main, args=(r, world, port, jobs, str(tmp_path), backend, device))
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    deadline = time.monotonic() + TIMEOUT
-    for p in procs:
-        p.join(max(0.0, deadline - time.monotonic()))
-    hung = [r for r, p in enumerate(procs) if p.is_alive()]
-    for r in hung:
-        procs[r].kill()
-        procs[r].join()
-    assert not hung, f"ranks {hung} of {world} still running after {TIMEOUT} s (a collective that hangs)"
-    for r, p in enumerate(procs):
-        out = pathlib.Path(tmp_path, f"{r}.json")
-        assert out.exists(), f"rank {r} wrote no result (exit code {p.exitcode})"
-        result = json.loads(out.read_text())
+    results, problems = dist_cases.spawn(world, jobs, tmp_path, TIMEOUT, backend, device)
+    assert not problems, "\n".join(problems)
+    for r, result in results.items():
         for job in jobs:
             assert not result[job]["failures"], f"rank {r}, {job}:\n" + "\n".join(result[job]["failures"])
             assert result[job]["checks"] >= minimum[job], f"rank {r}, {job}: {result[job]['checks']} checks"
