@@ -195,23 +195,29 @@ def _one_frame(x, weight, bias, state, *, per_channel, decay, eps, eps_mode):
     return y, NormState(w, m, q)
 
 
-def _global_native(x, weight, bias, per_channel, eps):
-    """GLOBAL (gln, instln) without lengths, eps inside the root: nn.GroupNorm's kernels (one group, or one a
-    channel), forward and backward. GroupNorm's float32 moments lose digits in the distance of the mean from 0,
-    about 3e-8 of y per standard deviation (a DC offset of 1e4 cost 4e-4), so x is shifted first by K, the
-    median of 17 frames spread over the sequence (of 16 channels' values for gln): within about a standard
-    deviation of the mean (|mean - median| <= std), where frame 0 alone may be the outlier (silence before a
-    level 1e4 high). On the CPU, where reading K costs no device sync, the shift (a pass over x, a third of
-    GroupNorm's time) is skipped where K is within 8 spreads of 0 (1.48 times the median absolute deviation of
-    those values: the outlier does not widen it), which leaves at most about 13 deviations of mean from 0.
-    Where a statistic holds one value (_live's case) the general path runs."""
+def _native(x, weight, bias, per_channel, decay, eps):
+    """GLOBAL (gln, instln) and FRAME (frameln) without lengths or a state, eps inside the root, where every
+    statistic holds more than one value (else _live's case): PyTorch's own kernels, forward and backward,
+    nn.GroupNorm's (one group, or one a channel) and nn.LayerNorm's (over the channels of a frame). Their float32
+    moments lose digits in the distance of the mean from 0, about 3e-8 of y per standard deviation (a DC offset
+    of 1e4 cost 4e-4), so x is shifted first by K:
+    - FRAME: each frame's channel 0, as the general path does;
+    - GLOBAL: the median of 17 frames spread over the sequence (of 16 channels' values for gln), within about
+      a standard deviation of the mean (|mean - median| <= std), where frame 0 alone may be the outlier (silence
+      before a level 1e4 high). On the CPU, where reading K costs no device sync, the shift (a pass over x, a
+      third of GroupNorm's time) is skipped where K is within 8 spreads of 0 (1.48 times the median absolute
+      deviation of those values, which the outlier does not widen): at most about 13 deviations of the mean
+      from 0 are left."""
     sd = torch.float64 if x.dtype == torch.float64 else torch.float32
     xs = x.to(sd)
     B, C, T = x.shape
+    weight, bias = (None if t is None else t.to(sd) for t in (weight, bias))
+    if decay == 0:  # a (B, C, T) view of "b t c" memory transposes back to contiguous frames: no copy
+        return F.layer_norm((xs - xs[:, :1].detach()).transpose(1, 2), (C,), weight, bias, eps).transpose(1, 2) \
+            .to(x.dtype)
     seen = xs.detach()[..., ::max(1, (T - 1) // 16)]  # a strided view (index_select on time took 4 ms)
     seen = seen if per_channel else seen[:, ::max(1, C // 16)].reshape(B, 1, -1)  # 16 channels: a short sort
     K = seen.median(2, keepdim=True).values
-    weight, bias = (None if t is None else t.to(sd) for t in (weight, bias))
     if x.device.type == "cpu" and bool((K.abs() <= 8 * 1.4826 * (seen - K).abs().median(2, keepdim=True).values).all()):
         return F.group_norm(xs, C if per_channel else 1, weight, bias, eps).to(x.dtype)
     return F.group_norm(xs - K, C if per_channel else 1, weight, bias, eps).to(x.dtype)
@@ -227,8 +233,10 @@ def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mod
             and decay is not None and not per_channel and not _grad(x, weight, bias, state):
         y, s = _frames_floats(x, weight, bias, state, decay, eps, eps_mode)
         return y, s if return_state else None
-    if decay is None and lengths is None and eps_mode == "inside" and (T > 1 if per_channel else C * T > 1):
-        return _global_native(x, weight, bias, per_channel, eps), None
+    if lengths is None and eps_mode == "inside" and (
+            decay is None and (T > 1 if per_channel else C * T > 1)
+            or decay == 0 and C > 1 and state is None and not return_state):
+        return _native(x, weight, bias, per_channel, decay, eps), None
     if T == 1 and C and lengths is None and decay is not None and return_state:
         return _one_frame(x, weight, bias, state, per_channel=per_channel, decay=decay, eps=eps, eps_mode=eps_mode)
     if T == 0 or C == 0:  # no frame or no channel: nothing to normalize, no value seen; the state passes through
