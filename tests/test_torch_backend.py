@@ -689,22 +689,24 @@ def test_float64_ema_that_forgets_frame_0_is_exact():
     assert_rel(run("ccemaln", x, eps=eps, decay=d), torch.stack(want, -1), 1e-8, "ccemaln")
 
 
+@pytest.mark.parametrize("case", ["dc", "against the shift"])
 @pytest.mark.parametrize("name", ["gln", "instln", "frameln"])
-def test_the_native_kernels_keep_their_digits_whatever_the_frames_they_sample(name):
+def test_the_native_kernels_keep_their_digits(name, case):
     """gln and instln run GroupNorm's kernels, frameln LayerNorm's, whose float32 moments lose digits in the
-    distance of the mean from 0: shifted by the median of 17 sampled frames (GLOBAL; the shift skipped where
-    that median is near 0 in its spreads) or by each frame's channel 0 (FRAME). Adversarial data: every sampled
-    frame at 0 and every other one at 1e4 (the median and its spread say "no shift"; the zeros widen the spread
-    of the whole, so GroupNorm keeps its digits), and channel 0 at 1e4 with the others near 0."""
+    distance of the mean from 0 (a DC offset of 1e4: 4e-4 of y): shifted by the median of 17 sampled frames
+    (GLOBAL; not where that median is near 0 in its spreads) or by each frame's channel 0 (FRAME), they keep
+    the reference's. Data built against the shifts: every sampled frame at 0 and every other one at 1e4 (the
+    median and its spread say "no shift", and the zeros widen the spread of the whole, so GroupNorm keeps its
+    digits); channel 0 at 1e4 and the others 1e4 + 100 (FRAME)."""
     g = torch.Generator().manual_seed(6)
     T = 1000
-    x = torch.randn(2, 8, T, generator=g, dtype=F64)
-    if name == "frameln":
-        x[:, 0] += 1e4
-    else:
+    x = torch.randn(2, 8, T, generator=g, dtype=F64) + 1e4
+    if case != "dc" and name == "frameln":
+        x[:, 1:] += 100
+    elif case != "dc":
         sampled = torch.zeros(T, dtype=torch.bool)
         sampled[::(T - 1) // 16] = True
-        x = torch.where(sampled, 0.0, x + 1e4)
+        x = torch.where(sampled, 0.0, x)
     x = x.to(F32)
     assert_rel(run(name, x), ref(name, x), 1e-6, name)
 
