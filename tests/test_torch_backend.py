@@ -612,6 +612,16 @@ def test_a_frame_norm_gives_its_unread_state_zero_gradients(name, decay):
         assert torch.equal(gm, torch.zeros(2, dtype=F64)) and torch.equal(gm2, torch.zeros(2, dtype=F64)), backend
 
 
+@pytest.mark.parametrize("name", ["gln", "instln", "frameln"])
+def test_the_native_kernels_trace_without_a_graph_break(name):
+    """GroupNorm's and LayerNorm's path reads a tensor on the host (whether to shift) only when not compiling:
+    a bool of a tensor breaks a fullgraph trace. Dynamo's graph (backend="eager") equals the eager layer."""
+    layer = normlib.create(name, 8, backend="torch")
+    x = make_x(2, 8, 50, "b c t", F32, offset=3.0)
+    torch._dynamo.reset()
+    assert_rel(torch.compile(layer, fullgraph=True, backend="eager")(x), layer(x), 1e-6, name)
+
+
 @pytest.mark.parametrize("name", ["cln", "ccemaln"])
 def test_inductor_gives_the_eager_gradients_through_a_state(name):
     """torch.compile's default backend over a layer that takes and returns a state, the loss reading both:

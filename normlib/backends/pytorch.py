@@ -204,7 +204,7 @@ def _native(x, weight, bias, per_channel, decay, eps):
     - FRAME: each frame's channel 0, as the general path does;
     - GLOBAL: the median of 17 frames spread over the sequence (of 16 channels' values for gln), within about
       a standard deviation of the mean (|mean - median| <= std), where frame 0 alone may be the outlier (silence
-      before a level 1e4 high). On the CPU, where reading K costs no device sync, the shift (a pass over x, a
+      before a level 1e4 high). On the CPU, where reading K costs no device sync (and not while compiling), the shift (a pass over x, a
       third of GroupNorm's time) is skipped where K is within 8 spreads of 0 (1.48 times the median absolute
       deviation of those values, which the outlier does not widen): at most about 13 deviations of the mean
       from 0 are left."""
@@ -218,7 +218,8 @@ def _native(x, weight, bias, per_channel, decay, eps):
     seen = xs.detach()[..., ::max(1, (T - 1) // 16)]  # a strided view (index_select on time took 4 ms)
     seen = seen if per_channel else seen[:, ::max(1, C // 16)].reshape(B, 1, -1)  # 16 channels: a short sort
     K = seen.median(2, keepdim=True).values
-    if x.device.type == "cpu" and bool((K.abs() <= 8 * 1.4826 * (seen - K).abs().median(2, keepdim=True).values).all()):
+    near = K.abs() <= 8 * 1.4826 * (seen - K).abs().median(2, keepdim=True).values
+    if x.device.type == "cpu" and not torch.compiler.is_compiling() and bool(near.all()):  # (a traced bool breaks)
         return F.group_norm(xs, C if per_channel else 1, weight, bias, eps).to(x.dtype)
     return F.group_norm(xs - K, C if per_channel else 1, weight, bias, eps).to(x.dtype)
 
