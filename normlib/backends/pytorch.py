@@ -234,7 +234,7 @@ def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mod
             and decay is not None and not per_channel and not _grad(x, weight, bias, state):
         y, s = _frames_floats(x, weight, bias, state, decay, eps, eps_mode)
         return y, s if return_state else None
-    if lengths is None and eps_mode == "inside" and (
+    if B and C and lengths is None and eps_mode == "inside" and (
             decay is None and (T > 1 if per_channel else C * T > 1)
             or decay == 0 and C > 1 and state is None and not return_state):
         return _native(x, weight, bias, per_channel, decay, eps), None
