@@ -822,3 +822,20 @@ def test_per_channel_calls_outside_the_short_path_take_the_general_one(monkeypat
     assert not taken
     run("ccemaln", x, return_state=True, decay=0.9)
     assert len(taken) == 1
+
+
+@pytest.mark.parametrize("eps", [0.0, 1e-8])
+@pytest.mark.parametrize("eps_mode", ["inside", "outside"])
+def test_a_few_frames_of_a_per_channel_norm_give_beta_where_a_channel_has_one_value(eps, eps_mode, monkeypatch):
+    """Frame 0 after no state (or one of weight 0) is its own mean: y = beta there, also with eps = 0, and the
+    reference's values elsewhere."""
+    taken = _count_few_chan(monkeypatch)
+    x = make_x(2, 3, 4, dtype=F64)
+    w, b = make_affine(3, F64)
+    st = make_state("ccln", 2, 3, empty_rows=(0,))
+    for state in (None, st):
+        with torch.no_grad():
+            y = run("ccln", x, w, b, eps, state=state, eps_mode=eps_mode)
+        assert torch.equal(y[0, :, 0], b) and (state is not None or torch.equal(y[1, :, 0], b))
+        assert_rel(y, ref("ccln", x, w, b, eps, state=state, eps_mode=eps_mode), TOL[F64], "ccln y")
+    assert len(taken) == 2

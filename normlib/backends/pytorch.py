@@ -203,7 +203,10 @@ def _frames_chan(x, weight, bias, state, decay, eps, eps_mode, return_state):
     if state is not None:
         M2 = torch.addcmul(M2, q0, D)
     var = M2 / W
-    var = _live(var, None, W) if grad else var.masked_fill_(W <= 1, 1)
+    if grad or (eps == 0 and eps_mode == "inside"):
+        # W <= 1 only at frame 0 after an empty state, where u_0 = mu_0 exactly: dev = 0 makes y = beta whatever a
+        # finite rstd, so _live matters only for autograd and for an infinite rstd
+        var = _live(var, None, W)
     # y in the statistics' dtype (as the general path), the affine parameters applied there
     y = _normalize((dev * _rstd(var, eps, eps_mode)).to(_stats_dtype(x)), None, None, weight, bias, not grad)
     y = y.to(x.dtype)
