@@ -810,13 +810,14 @@ def test_a_few_frames_of_a_per_channel_norm_give_the_reference_gradients(name, d
 
 
 def test_per_channel_calls_outside_the_short_path_take_the_general_one(monkeypatch):
-    """Lengths, more than FEW_FRAMES frames, one frame with a state out (_one_frame), or a pooled norm: not
-    _frames_chan."""
+    """Lengths, more than FEW_FRAMES frames, one frame with a state out (_one_frame), more than FEW_CHAN_VALUES
+    values, or a pooled norm: not _frames_chan."""
     taken = _count_few_chan(monkeypatch)
     x = torch.randn(2, 4, 6)
     run("ccln", x, lengths=torch.tensor([6, 3]), return_state=True)
     run("ccln", torch.randn(1, 4, pytorch_backend.FEW_FRAMES + 1), return_state=True)
     run("ccemaln", x[..., :1], return_state=True, decay=0.9)
+    run("ccln", torch.randn(2, pytorch_backend.FEW_CHAN_VALUES // 8 + 1, 4))
     for name in ("cln", "emaln"):
         run(name, x, return_state=True)
     assert not taken
