@@ -718,18 +718,21 @@ def _count_few_chan(monkeypatch):
     return taken
 
 
-def _sequential(x, state, decay, eps=1e-8):
+def _sequential(x, state, decay, eps=1e-8, shift=0.0):
     """Chan's merge of the state with each frame in turn, float64 (DESIGN.md section 1 as written): y and the
-    state after the last frame of a per-channel causal norm."""
+    state after the last frame of a per-channel causal norm. ``shift``: taken from x and the state's mean first
+    (exact where both are near it), for y's digits where the spread is small."""
     B, C, T = x.shape
-    s = normlib.NormState.empty((B, C)) if state is None else normlib.NormState(*(t.double() for t in state))
+    x = x.double() - shift
+    s = normlib.NormState.empty((B, C)) if state is None else normlib.NormState(
+        state.w.double(), state.m.double() - shift, state.m2.double())
     one = torch.ones(B, C, dtype=F64)
     ys = []
     for t in range(T):
         s = normlib.state.merge(s, normlib.NormState(one, x[..., t].double(), 0 * one), decay)
         var = torch.where(s.w > 1, s.m2 / s.w, 1)
         ys.append((x[..., t].double() - s.m) / torch.sqrt(var + eps))
-    return torch.stack(ys, -1), s
+    return torch.stack(ys, -1), normlib.NormState(s.w, s.m + shift, s.m2)
 
 
 @pytest.mark.parametrize("T", [1, 5, 64])
@@ -767,22 +770,29 @@ def test_a_few_frames_of_a_per_channel_norm_match_the_reference(name, decay, dty
 @pytest.mark.parametrize("T", [5, 64])
 @pytest.mark.parametrize("name,decay", FEW_CHAN + [pytest.param("ccemaln", 0.01, id="ccemaln-0.01")])
 def test_a_few_frames_of_a_per_channel_norm_after_a_heavy_far_state(name, decay, T, monkeypatch):
-    """A state of a million frames' weight 1e4 from the data (forgotten within the call by the fast EMAs): y and
+    """A state of a million frames' weight 1e4 from the data (forgotten within the call by the fast EMAs), and a
+    light one far from it: y and
     the state against Chan's merge frame by frame in float64, to float64's digits (the float64 reference's
-    sums of squares lose some 1e-10 here; a state forgotten within the call leaves the shift 1e4 from the data,
-    which costs y some 4e-12)."""
+    sums of squares lose some 1e-10 here; a shift by the state's mean where the EMA forgets it cost y 4e-12 and
+    M2 3e-12)."""
     taken = _count_few_chan(monkeypatch)
     g = torch.Generator().manual_seed(8)
     B, C = 2, 4
     x = make_x(B, C, T, dtype=F64, generator=g, offset=1e4)
     st = make_state(name, B, C, generator=g)
-    st = normlib.NormState(st.w * 1e6, st.m, st.m2 * 1e6)
-    y, s = run(name, x, state=st, return_state=True, **_few_chan_kw(name, decay))
-    y_r, s_r = _sequential(x, st, decay)
-    assert_rel(y, y_r, 1e-11, f"{name} y")
-    assert_state_close(s, s_r, 1e-10, f"{name} state")
+    y, s = run(name, x, state=normlib.NormState(st.w * 1e6, st.m, st.m2 * 1e6), return_state=True,
+               **_few_chan_kw(name, decay))
+    y_r, s_r = _sequential(x, normlib.NormState(st.w * 1e6, st.m, st.m2 * 1e6), decay)
+    assert_rel(y, y_r, 1e-12, f"{name} y")
+    assert_state_close(s, s_r, 1e-12, f"{name} state")
     assert rel_err(s.m, s_r.m) <= 1e-14, "the returned mean keeps the state's digits"
-    assert len(taken) == 1
+    # and a light one (1e-3 frames' weight) 1e3 from the data: the kernels' LIGHT case
+    light = normlib.NormState(st.w * 1e-3, st.m + 1e4 + 1e3, st.m2 * 1e-3)
+    y, s = run(name, x, state=light, return_state=True, **_few_chan_kw(name, decay))
+    y_r, s_r = _sequential(x, light, decay, shift=1e4)
+    assert_rel(y, y_r, 1e-12, f"{name} y, light state")
+    assert_state_close(s, s_r, 1e-12, f"{name} state, light state")
+    assert len(taken) == 2
 
 
 @pytest.mark.parametrize("eps_mode", ["inside", "outside"])
