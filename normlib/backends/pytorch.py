@@ -217,8 +217,8 @@ def _frames_chan(x, weight, bias, state, decay, eps, eps_mode, return_state):
         M2 = torch.addcmul(M2, q0, D)
     var = M2 / W
     if grad or (eps == 0 and eps_mode == "inside"):
-        # W <= 1 only at frame 0 after an empty state, where u_0 = mu_0 exactly: dev = 0 makes y = beta whatever a
-        # finite rstd, so _live matters only for autograd and for an infinite rstd
+        # W <= 1 only at frame 0 after a state of no weight, where u_0 = mu_0 exactly: dev = 0 makes y = beta
+        # whatever a finite rstd, so _live matters only for autograd and for an infinite rstd
         var = _live(var, None, W)
     # y in the statistics' dtype (as the general path), the affine parameters applied there
     y = _normalize((dev * _rstd(var, eps, eps_mode)).to(_stats_dtype(x)), None, None, weight, bias, not grad)
@@ -274,6 +274,7 @@ def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mod
         return y, s if return_state else None
     if T == 1 and C and lengths is None and decay is not None and return_state:
         return _one_frame(x, weight, bias, state, per_channel=per_channel, decay=decay, eps=eps, eps_mode=eps_mode)
+    # eager only, as above: a compiled graph of the general path serves every T
     if not torch.compiler.is_compiling() and 1 <= T <= FEW_FRAMES and C and B * C * T <= FEW_CHAN_VALUES \
             and lengths is None and per_channel and decay:
         return _frames_chan(x, weight, bias, state, decay, eps, eps_mode, return_state)
