@@ -730,3 +730,155 @@ def test_global_norms_keep_their_digits_when_frame_0_is_far_from_the_rest(name):
     T = 3000
     x = (torch.randn(2, 8, T, generator=g, dtype=F64) + torch.where(torch.arange(T) < 1, 0.0, 1e4)).to(F32)
     assert_rel(run(name, x), ref(name, x), 1e-6, name)
+
+
+# ---------------------------------------------------------------------------------------------------
+# A few frames of a per-channel causal norm (pytorch._frames_chan)
+# ---------------------------------------------------------------------------------------------------
+FEW_CHAN = [pytest.param("ccln", 1.0, id="ccln"), pytest.param("ccemaln", 0.999, id="ccemaln-0.999"),
+            pytest.param("ccemaln", 0.9, id="ccemaln-0.9"), pytest.param("ccemaln", 0.3, id="ccemaln-0.3")]
+
+
+def _few_chan_kw(name, decay):
+    return {"decay": decay} if name in EMA else {}
+
+
+def _count_few_chan(monkeypatch):
+    taken = []
+    real = pytorch_backend._frames_chan
+    monkeypatch.setattr(pytorch_backend, "_frames_chan", lambda *a: taken.append(1) or real(*a))
+    return taken
+
+
+def _sequential(x, state, decay, eps=1e-8, shift=0.0):
+    """Chan's merge of the state with each frame in turn, float64 (DESIGN.md section 1 as written): y and the
+    state after the last frame of a per-channel causal norm. ``shift``: taken from x and the state's mean first
+    (exact where both are near it), for y's digits where the spread is small."""
+    B, C, T = x.shape
+    x = x.double() - shift
+    s = normlib.NormState.empty((B, C)) if state is None else normlib.NormState(
+        state.w.double(), state.m.double() - shift, state.m2.double())
+    one = torch.ones(B, C, dtype=F64)
+    ys = []
+    for t in range(T):
+        s = normlib.state.merge(s, normlib.NormState(one, x[..., t].double(), 0 * one), decay)
+        var = torch.where(s.w > 1, s.m2 / s.w, 1)
+        ys.append((x[..., t].double() - s.m) / torch.sqrt(var + eps))
+    return torch.stack(ys, -1), normlib.NormState(s.w, s.m + shift, s.m2)
+
+
+@pytest.mark.parametrize("T", [1, 5, 64])
+@pytest.mark.parametrize("dtype", [F32, F64, BF16], ids=_dtype_id)
+@pytest.mark.parametrize("name,decay", FEW_CHAN)
+def test_a_few_frames_of_a_per_channel_norm_match_the_reference(name, decay, dtype, T, monkeypatch):
+    """A per-channel call of a few frames runs Welford's recurrence for all frames at once: y and the state against
+    the float64 oracle, 1e4 from zero, from a state near the data, from none and from one of weight 0 (whose mean
+    is far from the data), and x left as it was. One frame with a state out takes _one_frame (faster there)."""
+    taken = _count_few_chan(monkeypatch)
+    g = torch.Generator().manual_seed(7)
+    B, C = 2, 5
+    x = make_x(B, C, T, generator=g, offset=1e4).to(dtype)
+    x0 = x.clone()
+    w, b = make_affine(C, F32, generator=g)
+    near = make_state(name, B, C, generator=g)
+    near = normlib.NormState(near.w, near.m + 1e4, near.m2)
+    empty = normlib.NormState(0 * near.w, near.m - 3e4, 0 * near.m2)
+    for st in (near, None, empty):
+        kw = dict(state=st, return_state=T > 1, **_few_chan_kw(name, decay))
+        with torch.no_grad():
+            out = run(name, x, w, b, **kw)
+        out_r = ref(name, x.double(), w, b, **kw)
+        y, y_r = (out[0], out_r[0]) if T > 1 else (out, out_r)
+        assert y.dtype == dtype and y.shape == x.shape
+        assert_rel(y, y_r, TOL[dtype], f"{name} y")
+        if T > 1:
+            assert out[1].dtype == STATE_DTYPE and out[1].shape == (B, C)
+            # bf16 rounds x 1e4 from zero to steps of 64, so frames repeat: m2 ~1e-29 there, judged absolutely
+            assert_state_close(out[1], out_r[1], 1e-12, f"{name} state", floor=dtype == BF16)
+        assert torch.equal(x, x0)
+    assert len(taken) == 3
+
+
+@pytest.mark.parametrize("T", [5, 64])
+@pytest.mark.parametrize("name,decay", FEW_CHAN + [pytest.param("ccemaln", 0.01, id="ccemaln-0.01")])
+def test_a_few_frames_of_a_per_channel_norm_after_a_heavy_far_state(name, decay, T, monkeypatch):
+    """A state of a million frames' weight 1e4 from the data (forgotten within the call by the fast EMAs), and a
+    light one far from it: y and
+    the state against Chan's merge frame by frame in float64, to float64's digits (the float64 reference's
+    sums of squares lose some 1e-10 here; a shift by the state's mean where the EMA forgets it cost y 4e-12 and
+    M2 3e-12)."""
+    taken = _count_few_chan(monkeypatch)
+    g = torch.Generator().manual_seed(8)
+    B, C = 2, 4
+    x = make_x(B, C, T, dtype=F64, generator=g, offset=1e4)
+    st = make_state(name, B, C, generator=g)
+    y, s = run(name, x, state=normlib.NormState(st.w * 1e6, st.m, st.m2 * 1e6), return_state=True,
+               **_few_chan_kw(name, decay))
+    y_r, s_r = _sequential(x, normlib.NormState(st.w * 1e6, st.m, st.m2 * 1e6), decay)
+    assert_rel(y, y_r, 1e-12, f"{name} y")
+    assert_state_close(s, s_r, 1e-12, f"{name} state")
+    assert rel_err(s.m, s_r.m) <= 1e-14, "the returned mean keeps the state's digits"
+    # and a light one (1e-3 frames' weight) 1e3 from the data: the kernels' LIGHT case
+    light = normlib.NormState(st.w * 1e-3, st.m + 1e4 + 1e3, st.m2 * 1e-3)
+    y, s = run(name, x, state=light, return_state=True, **_few_chan_kw(name, decay))
+    y_r, s_r = _sequential(x, light, decay, shift=1e4)
+    assert_rel(y, y_r, 1e-12, f"{name} y, light state")
+    assert_state_close(s, s_r, 1e-12, f"{name} state, light state")
+    assert len(taken) == 2
+
+
+@pytest.mark.parametrize("eps_mode", ["inside", "outside"])
+@pytest.mark.parametrize("name,decay", FEW_CHAN)
+def test_a_few_frames_of_a_per_channel_norm_give_the_reference_gradients(name, decay, eps_mode, monkeypatch):
+    """The short path also runs under autograd (it is faster there too): the gradients of x, the affine parameters
+    and the state's m and m2 (through y and the returned state) against the float64 oracle's, with a state of
+    weight 0 in one row."""
+    taken = _count_few_chan(monkeypatch)
+    g = torch.Generator().manual_seed(9)
+    B, C, T = 3, 4, 6
+    x = make_x(B, C, T, dtype=F64, generator=g, offset=3.0)
+    w, b = make_affine(C, F64, generator=g)
+    st = make_state(name, B, C, generator=g, empty_rows=(1,))
+    kw = dict(return_state=True, eps_mode=eps_mode, **_few_chan_kw(name, decay))
+    grads = []
+    for fn in (run, ref):
+        leaves = [t.clone().requires_grad_() for t in (x, w, b, st.m, st.m2)]
+        y, s = fn(name, *leaves[:3], state=normlib.NormState(st.w, *leaves[3:]), **kw)
+        gy = torch.randn(y.shape, generator=torch.Generator().manual_seed(1), dtype=F64)
+        grads.append(torch.autograd.grad((y * gy).sum() + s.m.sum() + (s.m2 * 0.1).sum(), leaves))
+    for k, (a, e) in enumerate(zip(*grads)):
+        assert_rel(a, e, 1e-9, f"{name} gradient {k}")
+    assert len(taken) == 1
+
+
+def test_per_channel_calls_outside_the_short_path_take_the_general_one(monkeypatch):
+    """Lengths, more than FEW_FRAMES frames, one frame with a state out (_one_frame), more than FEW_CHAN_VALUES
+    values, or a pooled norm: not _frames_chan."""
+    taken = _count_few_chan(monkeypatch)
+    x = torch.randn(2, 4, 6)
+    run("ccln", x, lengths=torch.tensor([6, 3]), return_state=True)
+    run("ccln", torch.randn(1, 4, pytorch_backend.FEW_FRAMES + 1), return_state=True)
+    run("ccemaln", x[..., :1], return_state=True, decay=0.9)
+    run("ccln", torch.randn(2, pytorch_backend.FEW_CHAN_VALUES // 8 + 1, 4))
+    for name in ("cln", "emaln"):
+        run(name, x, return_state=True)
+    assert not taken
+    run("ccemaln", x, return_state=True, decay=0.9)
+    assert len(taken) == 1
+
+
+@pytest.mark.parametrize("eps", [0.0, 1e-8])
+@pytest.mark.parametrize("eps_mode", ["inside", "outside"])
+def test_a_few_frames_of_a_per_channel_norm_give_beta_where_a_channel_has_one_value(eps, eps_mode, monkeypatch):
+    """Frame 0 after no state (or one of weight 0) is its own mean: y = beta there, also with eps = 0, and the
+    reference's values elsewhere."""
+    taken = _count_few_chan(monkeypatch)
+    x = make_x(2, 3, 4, dtype=F64)
+    w, b = make_affine(3, F64)
+    st = make_state("ccln", 2, 3, empty_rows=(0,))
+    for state in (None, st):
+        with torch.no_grad():
+            y = run("ccln", x, w, b, eps, state=state, eps_mode=eps_mode)
+        assert torch.equal(y[0, :, 0], b) and (state is not None or torch.equal(y[1, :, 0], b))
+        assert_rel(y, ref("ccln", x, w, b, eps, state=state, eps_mode=eps_mode), TOL[F64], "ccln y")
+    assert len(taken) == 2
