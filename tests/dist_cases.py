@@ -254,6 +254,8 @@ def errors(rank, world, rec):
                            "lengths must lie in"),
                           (dict(group=dist.group.WORLD, lengths=torch.tensor([1, rank], device=DEVICE)),
                            "lengths differ")):
+        if match == "lengths differ" and world == 1:  # one rank: nothing to differ from
+            continue
         rec.checks += 1
         try:
             normlib.functional.cln(x, backend="torch", **kwargs)
