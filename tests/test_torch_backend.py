@@ -733,7 +733,7 @@ def test_global_norms_keep_their_digits_when_frame_0_is_far_from_the_rest(name):
 
 
 # ---------------------------------------------------------------------------------------------------
-# A few frames of a per-channel causal norm (pytorch._frames_chan)
+# A per-channel causal norm without lengths (pytorch._running_chan)
 # ---------------------------------------------------------------------------------------------------
 FEW_CHAN = [pytest.param("ccln", 1.0, id="ccln"), pytest.param("ccemaln", 0.999, id="ccemaln-0.999"),
             pytest.param("ccemaln", 0.9, id="ccemaln-0.9"), pytest.param("ccemaln", 0.3, id="ccemaln-0.3")]
@@ -745,8 +745,8 @@ def _few_chan_kw(name, decay):
 
 def _count_few_chan(monkeypatch):
     taken = []
-    real = pytorch_backend._frames_chan
-    monkeypatch.setattr(pytorch_backend, "_frames_chan", lambda *a: taken.append(1) or real(*a))
+    real = pytorch_backend._running_chan
+    monkeypatch.setattr(pytorch_backend, "_running_chan", lambda *a: taken.append(1) or real(*a))
     return taken
 
 
@@ -852,19 +852,19 @@ def test_a_few_frames_of_a_per_channel_norm_give_the_reference_gradients(name, d
 
 
 def test_per_channel_calls_outside_the_short_path_take_the_general_one(monkeypatch):
-    """Lengths, more than FEW_FRAMES frames, one frame with a state out (_one_frame), more than FEW_CHAN_VALUES
-    values, or a pooled norm: not _frames_chan."""
+    """Lengths, one frame with a state out (_one_frame), or a pooled norm: not _running_chan; any T, in blocks of
+    channels or not, with or without autograd: _running_chan."""
     taken = _count_few_chan(monkeypatch)
     x = torch.randn(2, 4, 6)
     run("ccln", x, lengths=torch.tensor([6, 3]), return_state=True)
-    run("ccln", torch.randn(1, 4, pytorch_backend.FEW_FRAMES + 1), return_state=True)
     run("ccemaln", x[..., :1], return_state=True, decay=0.9)
-    run("ccln", torch.randn(2, pytorch_backend.FEW_CHAN_VALUES // 8 + 1, 4))
     for name in ("cln", "emaln"):
         run(name, x, return_state=True)
     assert not taken
     run("ccemaln", x, return_state=True, decay=0.9)
-    assert len(taken) == 1
+    run("ccln", torch.randn(1, 4, pytorch_backend.FEW_FRAMES + 1), return_state=True)
+    run("ccln", torch.randn(2, 4, 6, requires_grad=True))
+    assert len(taken) == 3
 
 
 @pytest.mark.parametrize("eps", [0.0, 1e-8])

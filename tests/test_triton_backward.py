@@ -1157,9 +1157,8 @@ def test_a_heavy_far_state_that_fades_within_the_chunk_gets_its_mean_gradient(na
     by w_in d^(t+1); taken from two float32 means near 1e4 apart, it was 37 times its size off (emaln) and
     33 % (ccemaln). The backward now takes m_in - mu_t from the frames' own prefix (saved without the state)
     and sums. dL/dm_in is a sum that cancels, so the bound is the PyTorch backend's own float32 error: its
-    general path's (a per-channel call of a few frames runs in float64 there, 3e-4 -> 1e-6 here).
+    general path's, which it takes with lengths (without them a per-channel call runs in float64: 3e-4 -> 1e-6 here).
     Float64 sums (d = 0.3) and EMA32's float32 ones (d = 0.8), look-back tiles and strips."""
-    monkeypatch.setattr(backends.pytorch, "FEW_CHAN_VALUES", 0)
     B, C = 2, 3
     g = torch.Generator().manual_seed(9)
     x = make_x(B, C, T, generator=g)
@@ -1170,7 +1169,9 @@ def test_a_heavy_far_state_that_fades_within_the_chunk_gets_its_mean_gradient(na
     gy, gs = cotangents(name, x, B, C, True)
     kw = dict(state=state, gy=gy, gs=gs, decay=decay, requires=("x", "state"))
     want = gradients(name, x, oracle=True, **kw)
-    on_torch = rel_err(gradients(name, x, backend="torch", **kw)["state.m"], want["state.m"])
+    # full lengths: the PyTorch backend's float32 general path (without them a per-channel norm runs in float64)
+    full = torch.full((B,), T, dtype=torch.int64)
+    on_torch = rel_err(gradients(name, x, backend="torch", lengths=full, **kw)["state.m"], want["state.m"])
     for strip in (False, True):
         with tile_size(block_t=bt, window=2, block_c=4, strip=strip, bwd_strip=strip):
             got = gradients(name, x, **kw)

@@ -30,13 +30,15 @@ def _doubling(v, d):
     return v
 
 
-def decayed_cumsum(v, d: float):
-    """S_t = sum over tau <= t of d^(t - tau) v_tau along the last dim (d = 1: cumsum, d = 0: v).
+def decayed_cumsum(v, d: float, inplace=False):
+    """S_t = sum over tau <= t of d^(t - tau) v_tau along the last dim (d = 1: cumsum, d = 0: v); ``inplace``:
+    written over v where it can (v contiguous, one block).
 
     Within a block of L frames, S = d^tau * cumsum(d^-tau * v), with L such that d^-L <= 2^256; the blocks'
     totals carry into the next blocks by a doubling scan over the (few) blocks."""
+    inplace = inplace and v.is_contiguous()
     if d == 1:
-        return v.cumsum(-1)
+        return v.cumsum_(-1) if inplace else v.cumsum(-1)
     if d == 0:
         return v
     T = v.shape[-1]
@@ -44,7 +46,7 @@ def decayed_cumsum(v, d: float):
     nb = -(-T // L)
     if nb == 1:  # one block (short chunks, streaming): no padding or reshaping
         down = _powers(d, T, v.dtype, v.device)
-        return (v / down).cumsum(-1) * down
+        return v.div_(down).cumsum_(-1).mul_(down) if inplace else (v / down).cumsum(-1) * down
     u = F.pad(v, (0, nb * L - T)).unflatten(-1, (nb, L))
     tau = torch.arange(L, device=v.device, dtype=v.dtype)
     down = d**tau
@@ -72,7 +74,10 @@ def _stats_dtype(x):
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-def _rstd(var, eps, eps_mode):
+def _rstd(var, eps, eps_mode, inplace=False):
+    if inplace:
+        return var.add_(eps).rsqrt_() if eps_mode == "inside" else \
+            var.clamp_min_(torch.finfo(var.dtype).tiny).sqrt_().add_(eps).reciprocal_()
     return torch.rsqrt(var + eps) if eps_mode == "inside" else 1 / (var.clamp_min(torch.finfo(var.dtype).tiny).sqrt()
                                                                     + eps)
 
@@ -168,9 +173,10 @@ def _frames_floats(x, weight, bias, state, decay, eps, eps_mode):
     return y.to(x.dtype).view(1, C, T), NormState(out[0:1], out[1:2], out[2:3])
 
 
-# _frames_chan's float64 passes cost more than the general path's float32 ones past about 2^16 values (no state,
-# (4, 256, 64): even; (16, 512, 64): 13 % slower, 20 % with autograd)
-FEW_CHAN_VALUES = 1 << 16
+# Values of a block of channels that _running_chan takes at once on the CPU: its float64 arrays (2 MB each) stay in
+# the cache through its dozen passes, which over the whole of x would each go to memory ((4, 512, 4000) fp32, no
+# grad: 41 ms in blocks, 141 ms whole, the per-channel formula 109)
+CHAN_BLOCK = 1 << 18
 
 
 @functools.lru_cache(maxsize=256)
@@ -181,52 +187,94 @@ def _frame_weights(d: float, T: int, device):
     return p[1:], p[:-1].cumsum(0)
 
 
-def _frames_chan(x, weight, bias, state, decay, eps, eps_mode, return_state):
-    """A short call (T <= FEW_FRAMES, no lengths) of a per-channel causal norm, a real-time model's call: Welford's
-    recurrence for all frames at once, a fixed count of tensor ops whatever T (the general path's scans and merges
-    take dozens). Float64, values shifted by s (u = x - s): a heavy incoming state's mean, else frame 0's value.
+def _running_chan(x, weight, bias, state, decay, eps, eps_mode, return_state):
+    """A per-channel causal norm without lengths (ccln, ccemaln), any T: on the CPU, outside torch.compile, in
+    blocks of channels of about CHAN_BLOCK values (_chan_block each). Returns (y, state or None)."""
+    B, C, T = x.shape
+    step = C if torch.compiler.is_compiling() or x.device.type != "cpu" else max(1, CHAN_BLOCK // max(1, B * T))
+    grad = _grad(x, weight, bias, state)
+    y = None if grad else torch.empty_like(x)
+    if step >= C:
+        yb, sb = _chan_block(x, weight, bias, state, decay, eps, eps_mode, return_state, y)
+        return yb, None if sb is None else NormState(*sb)
+    ys, ss = [], []
+    for c0 in range(0, C, step):
+        part = slice(c0, c0 + step)
+        yb, sb = _chan_block(x[:, part], *(None if t is None else t[part] for t in (weight, bias)),
+                             None if state is None else NormState(*(t[:, part] for t in state)), decay, eps, eps_mode,
+                             return_state, None if y is None else y[:, part])
+        ys.append(yb)
+        ss.append(sb)
+    if grad:
+        y = torch.cat(ys, 1)
+    return y, NormState(*torch.cat(ss, 2)) if return_state else None
+
+
+def _op(t, name, inplace, *args):
+    """t.name(*args), written over t where ``inplace``."""
+    return getattr(t, name + "_" if inplace else name)(*args)
+
+
+def _chan_block(x, weight, bias, state, decay, eps, eps_mode, return_state, out=None):
+    """Welford's recurrence for all frames at once, a fixed count of tensor ops whatever T (_running_chan's block
+    of channels). Float64, values shifted by s (u = x - s): a heavy incoming state's mean, else frame 0's value.
     The state (w0, m0, q0) is a value at e = m0 - s of weight w0 d^(t+1) at frame t, so with
     G_t = 1 + d + ... + d^t:
         W_t = w0 d^(t+1) + G_t,   mu_t = (w0 d^(t+1) e + sum_tau<=t d^(t-tau) u_tau) / W_t,
         M2_t = q0 d^(t+1) + sum_tau<=t d^(t-tau) (u_tau - mu_(tau-1)) (u_tau - mu_tau),   mu_(-1) = e.
     Welford's terms are >= 0 and differences of values near each other: a state far from the data, or frames that
     an EMA forgets, cost no digits (M2 from sums of squares lost (mean - s)^2 / var of them).
-    Returns (y, state or None)."""
-    grad = _grad(x, weight, bias, state)
-    xd = x.to(torch.float64)
-    D, G = _frame_weights(decay, x.shape[2], x.device)
+    ``out``: y's tensor, given where autograd records nothing: then every pass writes over its input.
+    Returns (y, the state stacked (3, B, C) or None)."""
+    ip = out is not None
+    weights = _frame_weights.__wrapped__ if torch.compiler.is_compiling() else _frame_weights  # see _powers
+    D, G = weights(decay, x.shape[2], x.device)
     if state is None:
-        s, W = xd[..., :1].detach(), G  # nothing depends on the shift: it needs no gradient
-        u = xd - s
-        mu = decayed_cumsum(u, decay) / W
-        prev = F.pad(mu[..., :-1], (1, 0))  # mu_(-1): frame 0's term is 0 whatever it is (u_0 = mu_0 = 0)
+        s, W, e = x[..., :1].detach().to(torch.float64), G, None  # nothing depends on the shift: no gradient
     else:
         w0, m0, q0 = (t.unsqueeze(-1) for t in state)  # (B, C, 1)
         a = w0 * D  # the state's weight at each frame
         # the shift: the state's mean where it still outweighs the frames at the last one (its mean, returned,
         # keeps every digit), frame 0's value where the frames outweigh it (one an EMA forgets, 1e4 from the data,
         # cost M2 3e-12 from its mean)
-        s = torch.where(a[..., -1:] > G[-1], m0, xd[..., :1]).detach()
-        u, e = xd - s, m0 - s  # the state: a value at e
-        W = a + G
-        mu = torch.addcmul(decayed_cumsum(u, decay), a, e) / W
-        prev = torch.cat([e, mu[..., :-1]], -1)
-    dev = u - mu
-    M2 = decayed_cumsum((u - prev) * dev, decay)
+        s = torch.where(a[..., -1:] > G[-1], m0, x[..., :1].to(torch.float64)).detach()
+        e, W = m0 - s, a + G  # the state: a value at e
+    u = _op(x.to(torch.float64, copy=ip), "sub", ip, s)  # exact (x converted in one pass, not in the op's temporary)
+    mu = decayed_cumsum(u, decay)
     if state is not None:
-        M2 = torch.addcmul(M2, q0, D)
-    var = M2 / W
-    if grad or (eps == 0 and eps_mode == "inside"):
+        mu = _op(mu, "addcmul", True, a, e)  # a new tensor either way
+    mu = _op(mu, "div", True, W)
+    if ip:  # u - mu_(t-1), mu_(-1) = e: frame 0's term is 0 without a state (u_0 = mu_0 = 0)
+        c = torch.empty_like(u)
+        torch.sub(u[..., 1:], mu[..., :-1], out=c[..., 1:])
+        torch.sub(u[..., :1], 0 if e is None else e, out=c[..., :1])
+    else:
+        c = u - (F.pad(mu[..., :-1], (1, 0)) if e is None else torch.cat([e, mu[..., :-1]], -1))
+    dev = _op(u, "sub", ip, mu)  # u is x's float64 copy: ours to write over
+    M2 = decayed_cumsum(_op(c, "mul", ip, dev), decay, inplace=ip)
+    if state is not None:
+        M2 = _op(M2, "addcmul", ip, q0, D)
+    if return_state:  # (3, B, C), taken before var is written over M2
+        st = torch.stack([W[..., -1].expand_as(dev[..., -1]), mu[..., -1] + s[..., 0], M2[..., -1]])
+    var = _op(M2, "div", ip, W)
+    if not ip or (eps == 0 and eps_mode == "inside"):
         # W <= 1 only at frame 0 after a state of no weight, where u_0 = mu_0 exactly: dev = 0 makes y = beta
         # whatever a finite rstd, so _live matters only for autograd and for an infinite rstd
         var = _live(var, None, W)
-    # y in the statistics' dtype (as the general path), the affine parameters applied there
-    y = _normalize((dev * _rstd(var, eps, eps_mode)).to(_stats_dtype(x)), None, None, weight, bias, not grad)
-    y = y.to(x.dtype)
-    if not return_state:
-        return y, None
-    out = torch.stack([W[..., -1].expand_as(dev[..., -1]), mu[..., -1] + s[..., 0], M2[..., -1]])  # (3, B, C)
-    return y, NormState(*out)
+    sd = _stats_dtype(x)
+    if ip:  # y = dev r gamma + beta in the statistics' dtype (float64's rsqrt costs 5 times float32's)
+        r = _rstd(var.to(sd), eps, eps_mode, inplace=True)
+        if weight is not None:
+            r.mul_(weight[:, None])
+        dev = dev.to(sd)
+        if bias is None:
+            torch.mul(dev, r, out=out)
+        else:
+            torch.addcmul(bias[:, None].to(sd), dev, r, out=out)
+        y = out
+    else:  # y in the statistics' dtype (as the general path), the affine parameters applied there
+        y = _normalize((dev * _rstd(var, eps, eps_mode)).to(sd), None, None, weight, bias).to(x.dtype)
+    return y, st if return_state else None
 
 
 def _grad(x, weight, bias, state) -> bool:
@@ -307,10 +355,8 @@ def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mod
         return _native(x, weight, bias, per_channel, decay, eps), None
     if T == 1 and C and lengths is None and decay is not None and return_state:
         return _one_frame(x, weight, bias, state, per_channel=per_channel, decay=decay, eps=eps, eps_mode=eps_mode)
-    # eager only, as above: a compiled graph of the general path serves every T
-    if not torch.compiler.is_compiling() and 1 <= T <= FEW_FRAMES and C and B * C * T <= FEW_CHAN_VALUES \
-            and lengths is None and per_channel and decay:
-        return _frames_chan(x, weight, bias, state, decay, eps, eps_mode, return_state)
+    if B and C and T and lengths is None and per_channel and decay:
+        return _running_chan(x, weight, bias, state, decay, eps, eps_mode, return_state)
     if T == 0 or C == 0:  # no frame or no channel: nothing to normalize, no value seen; the state passes through
         empty = NormState.empty((B, C) if per_channel else (B,), device=x.device)
         y = _unused(x.clone(), weight, bias)  # on x's graph, and on the affine parameters'

@@ -46,6 +46,7 @@ LEAN_BYTES = {4: (24 << 20, 24 << 20), 2: (36 << 20, 18 << 20)}  # by element si
 # pooled look-back forward reads its first chunk again, rather than holding it, when its tiles in flight take
 # no more than this (hold_for)
 LEAN_BLOCKS = (4, 5)  # programs per SM of such a lean forward, "b c t" and "b t c" (125 and 96 registers)
+UNALIGNED_BWD_C = 64  # a pooled "b c t" backward tile's channels where rows are not 16-byte aligned (choose_launch)
 _OVERRIDE: dict = {}
 _WORKSPACES: dict = {}
 _TILES: dict = {}
@@ -273,7 +274,7 @@ def _forced_walk(mode, forced) -> int:
     return 0 if mode == FRAME else min(int(forced), 1) if mode == GLOBAL else int(forced)
 
 
-def choose_launch(B, C, T, per_channel, channels_last, mode, num_sms, nbytes, elem_size=4):
+def choose_launch(B, C, T, per_channel, channels_last, mode, num_sms, nbytes, elem_size=4, aligned=True):
     """(BLOCK_C, BLOCK_T, num_warps, strip, hold, backward BLOCK_C, backward num_warps, backward hold,
     backward strip) for a (B, C, T) input. The backward may chunk a pooled tile's channels differently and run on other
     warps: it reads only the tiles' prefixes, which do not depend on them, and recomputes the shift K, which
@@ -317,6 +318,12 @@ def choose_launch(B, C, T, per_channel, channels_last, mode, num_sms, nbytes, el
     if not per_channel:  # a pooled walk holds two tiles
         warps = _OVERRIDE.get("warps", 8) if strip else warps
         warps_b = _OVERRIDE.get("warps", 8) if strip_b else warps_b
+    if not (per_channel or channels_last or aligned or strip_b) and mode != FRAME:
+        # rows that are not 16-byte aligned load one element at a time, each with its own 64-bit address: a
+        # [128, 64] backward tile spilled 164 words a thread. H100, backward µs at (4, 512, 3999), [128, 64] ->
+        # [64, 64]: cln fp32 147 -> 84, bf16 114 -> 68, gln 120 -> 85 (aligned T = 4000: 58, 46, 62 at [128, 64],
+        # which stays there)
+        bc_b = min(bc_b, UNALIGNED_BWD_C)
     bc_b = bc if per_channel else _OVERRIDE.get("bwd_block_c", bc_b)
     lean = not per_channel and mode in (CUMULATIVE, EMA) and not strip
     # FRAME's pooled tiles have no look-back to hold their first chunk through: they read it again, but for a
@@ -412,9 +419,12 @@ def _tiles_for(x, per_channel, decay) -> list[int]:
     channels_last = x.stride(1) == 1 and x.stride(2) != 1
     # dynamo traces through an lru_cache, warning of a risk: it gets the uncached function
     sms = (_num_sms.__wrapped__ if torch.compiler.is_compiling() else _num_sms)(x.device)
+    es = x.element_size()
+    # rows of "b c t" as Triton sees them; symbolic sizes (dynamic shapes) are not asked: a guard would recompile
+    rows = (T, x.stride(0), x.stride(1))
+    aligned = not all(type(v) is int for v in rows) or all(v * es % 16 == 0 for v in rows)
     bc, bt, warps, strip, hold, bc_b, warps_b, hold_b, strip_b = choose_launch(
-        B, C, T, per_channel, channels_last, time_mode(decay), sms, x.numel() * x.element_size(),
-        x.element_size())
+        B, C, T, per_channel, channels_last, time_mode(decay), sms, x.numel() * es, es, aligned)
     ncb = triton.cdiv(C, bc) if per_channel else 1
     window = _OVERRIDE.get("window", window_for(per_channel, B * ncb, sms))
     row = SEG_PER_SM[int(per_channel) * (1 + int(channels_last))]  # int(): dynamo rejects a bool index
@@ -430,7 +440,7 @@ def _tiles_for(x, per_channel, decay) -> list[int]:
     span, span_b = (_OVERRIDE.get("span", v) for v in (span_f, span_b))
     deterministic = torch.are_deterministic_algorithms_enabled()
     agg_only = bool(_OVERRIDE.get("walk")) and not deterministic  # a walk would hide the prefix it waits for
-    mode, es, smem = time_mode(decay), x.element_size(), _smem(x.device)
+    mode, smem = time_mode(decay), _smem(x.device)
     stages = _OVERRIDE.get("stages", stages_for(C, bc, bt, per_channel, channels_last, mode, strip, hold, es,
                                                 False, smem))
     stages_b = _OVERRIDE.get("bwd_stages", stages_for(C, bc_b, bt, per_channel, channels_last, mode, strip_b, hold,
