@@ -863,8 +863,44 @@ def test_per_channel_calls_outside_the_short_path_take_the_general_one(monkeypat
     assert not taken
     run("ccemaln", x, return_state=True, decay=0.9)
     run("ccln", torch.randn(1, 4, pytorch_backend.FEW_FRAMES + 1), return_state=True)
-    run("ccln", torch.randn(2, 4, 6, requires_grad=True))
-    assert len(taken) == 3
+    run("ccln", torch.randn(2, 4, 6, requires_grad=True))  # twice: _ChanNorm's forward runs it without autograd
+    assert len(taken) == 4
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("eps_mode", ["inside", "outside"])
+@pytest.mark.parametrize("name,decay", FEW_CHAN)
+def test_a_per_channel_norm_in_blocks_of_channels_matches_the_reference(name, decay, eps_mode, layout, monkeypatch):
+    """Blocks of 2 channels of 5 (a last block of 1) on the CPU: y, the state and every gradient against the float64
+    oracle, 1e4 from zero, from no state (a training step's _ChanNorm: its own backward) and from a state (autograd
+    through the blocks), with and without autograd alike."""
+    monkeypatch.setattr(pytorch_backend, "CHAN_BLOCK", 2 * 3 * 40)  # B T values: blocks of 2 channels
+    g = torch.Generator().manual_seed(11)
+    B, C, T = 3, 5, 40
+    x = make_x(B, C, T, layout, dtype=F64, generator=g, offset=1e4)
+    w, b = make_affine(C, F64, generator=g)
+    kw = dict(eps_mode=eps_mode, layout=layout, **_few_chan_kw(name, decay))
+    gy = torch.randn(x.shape, generator=g, dtype=F64)
+    for st in (None, make_state(name, B, C, generator=g, empty_rows=(1,))):
+        skw = dict(kw, state=None if st is None else normlib.NormState(st.w, st.m + 1e4, st.m2),
+                   return_state=st is not None)
+        grads, ys = [], []
+        for fn in (run, ref):
+            leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+            out = fn(name, *leaves, 1e-5, **skw)
+            y, s = out if st is not None else (out, None)
+            loss = (y * gy).sum() + (0 if s is None else s.m.sum() + s.m2.sum())
+            grads.append(torch.autograd.grad(loss, leaves))
+            ys.append((y, s))
+        # the oracle's own sums lose some 1e-12 at 1e4 from zero
+        assert_rel(ys[0][0], ys[1][0], 1e-10, f"{name} y")
+        if st is not None:
+            assert_state_close(ys[0][1], ys[1][1], 1e-10, f"{name} state")
+        for k, (a, e) in enumerate(zip(*grads)):
+            assert_rel(a, e, 1e-9, f"{name} gradient {k}, state {st is not None}")
+        with torch.no_grad():
+            out = run(name, x, w, b, 1e-5, **skw)
+        assert_rel(out if st is None else out[0], ys[1][0], 1e-10, f"{name} y without autograd")
 
 
 @pytest.mark.parametrize("eps", [0.0, 1e-8])

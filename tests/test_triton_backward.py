@@ -335,6 +335,26 @@ def test_span_scan_global_gradients(name, layout, monkeypatch):
     check_gradients(got, gradients(name, x, w, b, eps_for(name), oracle=True, **kw), F32)
 
 
+@pytest.mark.parametrize("name", ["cln", "emaln", "gln"])
+def test_a_pooled_backward_on_rows_not_16_byte_aligned_takes_smaller_tiles(name):
+    """Rows that are not 16-byte aligned load one element at a time: a pooled "b c t" backward tile takes 64
+    channels there (128 spilled on the H100); aligned rows and "b t c" keep 128. Its gradients at such a shape
+    (200 channels: 4 chunks, the last partial) against the float64 oracle."""
+    decay = {"cln": 1.0, "emaln": 0.9, "gln": None}[name]
+    bwd_c = lambda x: launch._tiles_for(x, False, decay)[9]  # noqa: E731
+    for T, want in ((3999, launch.UNALIGNED_BWD_C), (4002, launch.UNALIGNED_BWD_C), (4000, 128)):
+        assert bwd_c(torch.empty(4, 512, T)) == want, T
+        assert bwd_c(torch.empty(4, T, 512).transpose(1, 2)) == 128, T
+    assert bwd_c(torch.empty(4, 512, 4001, dtype=torch.bfloat16)) == launch.UNALIGNED_BWD_C
+    assert bwd_c(torch.empty(4, 512, 4008, dtype=torch.bfloat16)) == 128
+    g = torch.Generator().manual_seed(5)
+    x = make_x(2, 200, 37, generator=g)
+    w, b = make_affine(200, F32, generator=g)
+    gy = torch.randn(x.shape, generator=g)
+    kw = dict(gy=gy, **({"decay": decay} if name == "emaln" else {}))
+    check_gradients(gradients(name, x, w, b, **kw), gradients(name, x, w, b, oracle=True, **kw), F32, name)
+
+
 @pytest.mark.parametrize("dtype", ["f32", "f16"])
 def test_instln_rows_walk_one_channel_a_program(dtype, monkeypatch):
     """Long per-channel GLOBAL "b c t" inputs with many short rows (row_walk): [1, ROW_WALK_T] tiles, one program

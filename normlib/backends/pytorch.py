@@ -46,7 +46,9 @@ def decayed_cumsum(v, d: float, inplace=False):
     nb = -(-T // L)
     if nb == 1:  # one block (short chunks, streaming): no padding or reshaping
         down = _powers(d, T, v.dtype, v.device)
-        return v.div_(down).cumsum_(-1).mul_(down) if inplace else (v / down).cumsum(-1) * down
+        if inplace:  # a float64 division costs 4 multiplications: 1 / down, once per signature
+            return v.mul_(_powers(1 / d, T, v.dtype, v.device)).cumsum_(-1).mul_(down)
+        return (v / down).cumsum(-1) * down
     u = F.pad(v, (0, nb * L - T)).unflatten(-1, (nb, L))
     tau = torch.arange(L, device=v.device, dtype=v.dtype)
     down = d**tau
@@ -181,19 +183,34 @@ CHAN_BLOCK = 1 << 18
 
 @functools.lru_cache(maxsize=256)
 def _frame_weights(d: float, T: int, device):
-    """(d^(t+1), 1 + d + ... + d^t) for t < T, float64: the weight at frame t of an incoming state and of frames
-    0..t (each weighs 1 when it comes); eager calls of one signature (a stream's chunks) reuse them."""
+    """(d^(t+1), G_t = 1 + d + ... + d^t, 1 / G_t) for t < T, float64: the weight at frame t of an incoming state
+    and of frames 0..t (each weighs 1 when it comes); eager calls of one signature (a stream's chunks) reuse
+    them."""
     p = d ** torch.arange(T + 1, device=device, dtype=torch.float64)
-    return p[1:], p[:-1].cumsum(0)
+    G = p[:-1].cumsum(0)
+    return p[1:], G, 1 / G
+
+
+def _chan_step(x) -> int:
+    """Channels a block of _running_chan: all of them on a GPU or while compiling (one graph)."""
+    B, C, T = x.shape
+    if torch.compiler.is_compiling() or x.device.type != "cpu":
+        return C
+    return max(1, CHAN_BLOCK // max(1, B * T))
 
 
 def _running_chan(x, weight, bias, state, decay, eps, eps_mode, return_state):
-    """A per-channel causal norm without lengths (ccln, ccemaln), any T: on the CPU, outside torch.compile, in
-    blocks of channels of about CHAN_BLOCK values (_chan_block each). Returns (y, state or None)."""
+    """A per-channel causal norm without lengths (ccln, ccemaln), any T, in blocks of channels (_chan_block each).
+    Under autograd without a state in or out (a model's training step), _ChanNorm: the same forward, and a
+    backward of its own. Returns (y, state or None)."""
     B, C, T = x.shape
-    step = C if torch.compiler.is_compiling() or x.device.type != "cpu" else max(1, CHAN_BLOCK // max(1, B * T))
+    step = _chan_step(x)
     grad = _grad(x, weight, bias, state)
-    y = None if grad else torch.empty_like(x)
+    if grad and state is None and not return_state and not torch.compiler.is_compiling():
+        return _ChanNorm.apply(x, weight, bias, decay, eps, eps_mode), None
+    # without autograd each pass writes over its input, and y's blocks go straight into y (not while compiling:
+    # dynamo takes no out= view; Inductor fuses the passes itself)
+    y = None if grad or torch.compiler.is_compiling() else torch.empty_like(x)
     if step >= C:
         yb, sb = _chan_block(x, weight, bias, state, decay, eps, eps_mode, return_state, y)
         return yb, None if sb is None else NormState(*sb)
@@ -205,7 +222,7 @@ def _running_chan(x, weight, bias, state, decay, eps, eps_mode, return_state):
                              return_state, None if y is None else y[:, part])
         ys.append(yb)
         ss.append(sb)
-    if grad:
+    if y is None:
         y = torch.cat(ys, 1)
     return y, NormState(*torch.cat(ss, 2)) if return_state else None
 
@@ -215,20 +232,19 @@ def _op(t, name, inplace, *args):
     return getattr(t, name + "_" if inplace else name)(*args)
 
 
-def _chan_block(x, weight, bias, state, decay, eps, eps_mode, return_state, out=None):
-    """Welford's recurrence for all frames at once, a fixed count of tensor ops whatever T (_running_chan's block
-    of channels). Float64, values shifted by s (u = x - s): a heavy incoming state's mean, else frame 0's value.
+def _chan_moments(x, state, decay, ip):
+    """Welford's recurrence for all frames at once, a fixed count of tensor ops whatever T (a block of channels of
+    _running_chan). Float64, values shifted by s (u = x - s): a heavy incoming state's mean, else frame 0's value.
     The state (w0, m0, q0) is a value at e = m0 - s of weight w0 d^(t+1) at frame t, so with
     G_t = 1 + d + ... + d^t:
         W_t = w0 d^(t+1) + G_t,   mu_t = (w0 d^(t+1) e + sum_tau<=t d^(t-tau) u_tau) / W_t,
         M2_t = q0 d^(t+1) + sum_tau<=t d^(t-tau) (u_tau - mu_(tau-1)) (u_tau - mu_tau),   mu_(-1) = e.
     Welford's terms are >= 0 and differences of values near each other: a state far from the data, or frames that
     an EMA forgets, cost no digits (M2 from sums of squares lost (mean - s)^2 / var of them).
-    ``out``: y's tensor, given where autograd records nothing: then every pass writes over its input.
-    Returns (y, the state stacked (3, B, C) or None)."""
-    ip = out is not None
+    ``ip``: autograd records nothing, and every pass writes over its input. Returns (x - mu_t, mu_t - s, M2_t,
+    W_t, s)."""
     weights = _frame_weights.__wrapped__ if torch.compiler.is_compiling() else _frame_weights  # see _powers
-    D, G = weights(decay, x.shape[2], x.device)
+    D, G, inv = weights(decay, x.shape[2], x.device)
     if state is None:
         s, W, e = x[..., :1].detach().to(torch.float64), G, None  # nothing depends on the shift: no gradient
     else:
@@ -243,7 +259,7 @@ def _chan_block(x, weight, bias, state, decay, eps, eps_mode, return_state, out=
     mu = decayed_cumsum(u, decay)
     if state is not None:
         mu = _op(mu, "addcmul", True, a, e)  # a new tensor either way
-    mu = _op(mu, "div", True, W)
+    mu = _op(mu, "div", True, W) if state is not None else _op(mu, "mul", True, inv)
     if ip:  # u - mu_(t-1), mu_(-1) = e: frame 0's term is 0 without a state (u_0 = mu_0 = 0)
         c = torch.empty_like(u)
         torch.sub(u[..., 1:], mu[..., :-1], out=c[..., 1:])
@@ -254,6 +270,14 @@ def _chan_block(x, weight, bias, state, decay, eps, eps_mode, return_state, out=
     M2 = decayed_cumsum(_op(c, "mul", ip, dev), decay, inplace=ip)
     if state is not None:
         M2 = _op(M2, "addcmul", ip, q0, D)
+    return dev, mu, M2, W, s
+
+
+def _chan_block(x, weight, bias, state, decay, eps, eps_mode, return_state, out=None):
+    """y of a block of channels (_chan_moments), written into ``out`` where given (autograd records nothing).
+    Returns (y, the state stacked (3, B, C) or None)."""
+    ip = out is not None
+    dev, mu, M2, W, s = _chan_moments(x, state, decay, ip)
     if return_state:  # (3, B, C), taken before var is written over M2
         st = torch.stack([W[..., -1].expand_as(dev[..., -1]), mu[..., -1] + s[..., 0], M2[..., -1]])
     var = _op(M2, "div", ip, W)
@@ -275,6 +299,71 @@ def _chan_block(x, weight, bias, state, decay, eps, eps_mode, return_state, out=
     else:  # y in the statistics' dtype (as the general path), the affine parameters applied there
         y = _normalize((dev * _rstd(var, eps, eps_mode)).to(sd), None, None, weight, bias).to(x.dtype)
     return y, st if return_state else None
+
+
+def _reverse_cumsum(v, d):
+    """sum over t >= tau of d^(t - tau) v_t along the last dim (a block's: the flips stay in the cache)."""
+    return decayed_cumsum(v.flip(-1), d, inplace=True).flip(-1)
+
+
+def _chan_block_grads(x, weight, gy, decay, eps, eps_mode):
+    """dx (float64), and the block's dgamma (or None) of a per-channel causal norm without a state, from x and dy
+    alone: the moments recomputed (_chan_moments), then the backward page's formula with one value a frame, in
+    float64. With g = gamma dy, r_t the rstd and xhat = (x - mu) r, its M_t = -r_t g_t and
+    2 G_t / W_t = -q_t, q = g r xhat k, k = r / W (eps inside) or 1 / (sigma W) (outside):
+        dx_tau = g_tau r_tau + sum_t>=tau d^(t - tau) (q_t mu_t - g_t r_t / W_t) - u_tau sum_t>=tau d^(t - tau) q_t,
+    values shifted by s (u = x - s, mu relative to s)."""
+    dev, mu, M2, W, _ = _chan_moments(x, None, decay, True)
+    inv = _frame_weights(decay, x.shape[2], x.device)[2]
+    var = M2.mul_(inv).masked_fill_(W <= 1, 1)  # _live: frame 0 (dev = 0 there)
+    if eps_mode == "inside":
+        r = var.add_(eps).rsqrt_()
+        k = r * inv
+    else:
+        sig = var.clamp_min(_TINY64).sqrt_()
+        r = sig.add(eps).reciprocal_()
+        k = sig.reciprocal_().mul_(inv).masked_fill_(var < _TINY64, 0)  # clamp_min's derivative: 0 below
+    gy = gy.to(torch.float64)
+    xhat = dev * r
+    dw = None if weight is None else torch.linalg.vecdot(gy, xhat).sum(0)
+    gr = (gy * weight[:, None] if weight is not None else gy.clone()).mul_(r)
+    q = (gr * xhat).mul_(k)
+    A = (q * mu).sub_(gr.mul(inv))
+    dx = gr.add_(_reverse_cumsum(A, decay))
+    u = dev.add_(mu)  # x - s again
+    return dx.addcmul_(u, _reverse_cumsum(q, decay), value=-1), dw
+
+
+class _ChanNorm(torch.autograd.Function):
+    """A per-channel causal norm without lengths or a state in or out, under autograd (a model's training step):
+    the forward of _running_chan, saving only x, and a backward in the same blocks of channels that recomputes
+    their moments (_chan_block_grads): nothing of (B, C, T) float64 is kept between the passes, and every pass of
+    the backward stays in the cache."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, decay, eps, eps_mode):
+        y, _ = _running_chan(x, weight, bias, None, decay, eps, eps_mode, False)  # no grad here: in place
+        ctx.save_for_backward(x, weight)
+        ctx.opts = (decay, eps, eps_mode)
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, gy):
+        x, weight = ctx.saved_tensors
+        step = _chan_step(x)
+        C = x.shape[1]
+        dx = torch.empty_like(x)
+        dws = []
+        for c0 in range(0, C, step):
+            part = slice(c0, c0 + step)
+            dxb, dw = _chan_block_grads(x[:, part], None if weight is None else weight[part], gy[:, part], *ctx.opts)
+            dx[:, part] = dxb
+            dws.append(dw)
+        dw = torch.cat(dws).to(weight.dtype) if weight is not None and ctx.needs_input_grad[1] else None
+        db = gy.sum((0, 2)).to(ctx.bias_dtype) if ctx.needs_input_grad[2] else None
+        return dx, dw, db, None, None, None
 
 
 def _grad(x, weight, bias, state) -> bool:

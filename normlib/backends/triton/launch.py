@@ -13,6 +13,7 @@ from typing import NamedTuple
 import torch
 import triton
 from torch._subclasses.fake_tensor import FakeTensor
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 from triton import knobs
 
 from .kernels import running_norm_bwd, running_norm_fwd, span_scan, sum_partials
@@ -420,9 +421,9 @@ def _tiles_for(x, per_channel, decay) -> list[int]:
     # dynamo traces through an lru_cache, warning of a risk: it gets the uncached function
     sms = (_num_sms.__wrapped__ if torch.compiler.is_compiling() else _num_sms)(x.device)
     es = x.element_size()
-    # rows of "b c t" as Triton sees them; symbolic sizes (dynamic shapes) are not asked: a guard would recompile
-    rows = (T, x.stride(0), x.stride(1))
-    aligned = not all(type(v) is int for v in rows) or all(v * es % 16 == 0 for v in rows)
+    # rows of "b c t" as Triton sees them; symbolic sizes (dynamic shapes) are taken as aligned: a guard would
+    # recompile for a new T
+    aligned = not any(statically_known_true(v * es % 16 != 0) for v in (T, x.stride(0), x.stride(1)))
     bc, bt, warps, strip, hold, bc_b, warps_b, hold_b, strip_b = choose_launch(
         B, C, T, per_channel, channels_last, time_mode(decay), sms, x.numel() * es, es, aligned)
     ncb = triton.cdiv(C, bc) if per_channel else 1
