@@ -366,6 +366,56 @@ class _ChanNorm(torch.autograd.Function):
         return dx, dw, db, None, None, None
 
 
+class _PooledNorm(torch.autograd.Function):
+    """A pooled causal norm (cln, emaln) without lengths or a state in or out, under autograd (a model's training
+    step): the general path's forward without autograd, which keeps its per-frame statistics, and the backward
+    page's formula written out in a dozen passes over (B, C, T) (autograd through the general path took some
+    forty nodes, most of them full-size; a small model's step is their count). The running parts stay (B, 1, T)
+    and float64: with g = gamma dy, A_t = sum_c g, S_t = sum_c g xhat,
+        M_t = -r_t A_t,   2 G_t = 2 r'_t S_t / r_t,
+        dx = g r + (U + mu V) + (x - mu) V,   U, V: reverse decayed cumsums of (M - 2 G mu) / W and 2 G / W,
+    so that x - mu (small) multiplies V and U + mu V is taken in float64, shifted by K."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, decay, eps, eps_mode):
+        keep = {}
+        y, _ = forward(x, weight, bias, None, None, per_channel=False, decay=decay, eps=eps, eps_mode=eps_mode,
+                       return_state=False, keep=keep)
+        ctx.save_for_backward(x, weight, keep["K"], keep["mu"], keep["mf"], keep["var"], keep["W"])
+        ctx.opts = (decay, eps, eps_mode)
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, gy):
+        x, weight, K, mu, mf, var, W = ctx.saved_tensors
+        decay, eps, eps_mode = ctx.opts
+        sd, rd = _stats_dtype(x), torch.float64
+        var = _live(var, None, W)  # a statistic of one value (C = 1, frame 0): no gradient through its variance
+        if eps_mode == "inside":
+            r = torch.rsqrt(var + eps)
+            half = r * r * -0.5  # r' / r = -r^2 / 2
+        else:
+            sig = var.clamp_min(_TINY64).sqrt()
+            r = 1 / (sig + eps)
+            half = torch.where(var < _TINY64, 0, r / sig * -0.5)  # r' / r = -r / (2 sigma); clamp_min's 0 below
+        r_sd = r.to(sd)
+        dev = (x.to(sd) - K).sub_(mf).sub_((mu - mf.to(rd)).to(sd))  # x - mu_t as the forward took it
+        xhat = dev * r_sd
+        g = gy.to(sd) if weight is None else gy.to(sd) * weight[:, None]
+        A = g.sum(1, keepdim=True, dtype=rd)
+        S = torch.linalg.vecdot(g.transpose(1, 2), xhat.transpose(1, 2)).unsqueeze(1).to(rd)
+        dw = None if weight is None or not ctx.needs_input_grad[1] else \
+            torch.linalg.vecdot(gy.to(sd), xhat, dim=-1).sum(0).to(weight.dtype)
+        db = gy.sum((0, 2), dtype=rd).to(ctx.bias_dtype) if ctx.needs_input_grad[2] else None
+        G2 = 2 * half * S  # 2 G_t
+        V = _reverse_cumsum(G2 / W, decay)
+        U = _reverse_cumsum((-r * A - G2 * mu) / W, decay)
+        dx = g.mul_(r_sd).add_((U + mu * V).to(sd)).addcmul_(dev, V.to(sd))
+        return dx.to(x.dtype), dw, db, None, None, None
+
+
 def _grad(x, weight, bias, state) -> bool:
     """Whether autograd records this call."""
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad
@@ -428,8 +478,9 @@ def _native(x, weight, bias, per_channel, decay, eps):
     return F.group_norm(xs - K, C if per_channel else 1, weight, bias, eps).to(x.dtype)
 
 
-def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mode, return_state):
-    """x: (B, C, T) view in any strides; decay None means GLOBAL. Returns (y, state or None)."""
+def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mode, return_state, keep=None):
+    """x: (B, C, T) view in any strides; decay None means GLOBAL. Returns (y, state or None). ``keep``: a dict
+    that a pooled running norm's general path fills with its per-frame statistics (_PooledNorm)."""
     B, C, T = x.shape
     if state is not None:  # its weight is a count, which nothing differentiable moves: no gradient
         state = NormState(state.w.detach(), state.m, state.m2)
@@ -446,6 +497,9 @@ def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mod
         return _one_frame(x, weight, bias, state, per_channel=per_channel, decay=decay, eps=eps, eps_mode=eps_mode)
     if B and C and T and lengths is None and per_channel and decay:
         return _running_chan(x, weight, bias, state, decay, eps, eps_mode, return_state)
+    if B and C and T and lengths is None and decay and state is None and not return_state and keep is None \
+            and not torch.compiler.is_compiling() and _grad(x, weight, bias, state):
+        return _PooledNorm.apply(x, weight, bias, decay, eps, eps_mode), None
     if T == 0 or C == 0:  # no frame or no channel: nothing to normalize, no value seen; the state passes through
         empty = NormState.empty((B, C) if per_channel else (B,), device=x.device)
         y = _unused(x.clone(), weight, bias)  # on x's graph, and on the affine parameters'
@@ -519,6 +573,8 @@ def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mod
         s = merge(rel, own, decay ** torch.arange(1, T + 1, device=x.device, dtype=rd))
     var = s.m2 / (s.w if valid is None and decay != 0 else torch.where(s.w > 0, s.w, 1))
     r = _rstd(_live(var, valid, s.w).to(sd), eps, eps_mode)
+    if keep is not None:  # (B, 1, 1) and (B, 1, T): _PooledNorm's backward
+        keep.update(K=K, mu=s.m, mf=mf, var=var, W=s.w)
     # x - mu_t = (x - m_f) - (mu_t - m_f), the second from two float64 means
     y = _normalize(dev, (s.m - mf.to(rd)).to(sd) if not per_channel else s.m.to(sd), r, weight, bias, inplace)
     y = (y if valid is None else torch.where(valid, y, 0)).to(x.dtype)
