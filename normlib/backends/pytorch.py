@@ -486,7 +486,7 @@ def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mod
         state = NormState(state.w.detach(), state.m, state.m2)
     # floats break a graph, and a test of T would guard on it: first of all, not while compiling
     if not torch.compiler.is_compiling() and B == 1 and 1 <= T <= FEW_FRAMES and C and lengths is None \
-            and decay is not None and not per_channel and not _grad(x, weight, bias, state):
+            and decay is not None and not per_channel and not _grad(x, weight, bias, state) and keep is None:
         y, s = _frames_floats(x, weight, bias, state, decay, eps, eps_mode)
         return y, s if return_state else None
     if B and C and lengths is None and eps_mode == "inside" and (
