@@ -7,6 +7,11 @@ recurrence in parallel form, in float64: decayed sums (``cumsum``; for EMA, scal
 scale stays in float64's range) of the weights, of the means and of squared differences of means, which
 never cancel. An incoming state joins by Chan's merge in float64. The normalization reuses x - mean and is
 written in place where autograd needs nothing.
+
+Per-channel running norms without lengths run Welford's recurrence for all frames at once in float64
+(_running_chan), in blocks of channels that stay in the CPU's cache. A training step of either running family
+(autograd, no lengths, no state in or out) takes an autograd.Function with the backward written out
+(_ChanNorm, _PooledNorm; docs/backward.md).
 """
 from __future__ import annotations
 
@@ -404,11 +409,12 @@ class _PooledNorm(torch.autograd.Function):
         dev = (x.to(sd) - K).sub_(mf).sub_((mu - mf.to(rd)).to(sd))  # x - mu_t as the forward took it
         xhat = dev * r_sd
         g = gy.to(sd) if weight is None else gy.to(sd) * weight[:, None]
-        A = g.sum(1, keepdim=True, dtype=rd)
-        S = torch.linalg.vecdot(g.transpose(1, 2), xhat.transpose(1, 2)).unsqueeze(1).to(rd)
+        # sums in the statistics' dtype (torch.sum's cascade): a float64 sum converts its whole input first
+        A = g.sum(1, keepdim=True).to(rd)
+        S = (g * xhat).sum(1, keepdim=True).to(rd)
         dw = None if weight is None or not ctx.needs_input_grad[1] else \
-            torch.linalg.vecdot(gy.to(sd), xhat, dim=-1).sum(0).to(weight.dtype)
-        db = gy.sum((0, 2), dtype=rd).to(ctx.bias_dtype) if ctx.needs_input_grad[2] else None
+            (gy.to(sd) * xhat).sum((0, 2)).to(weight.dtype)
+        db = gy.sum((0, 2)).to(ctx.bias_dtype) if ctx.needs_input_grad[2] else None
         G2 = 2 * half * S  # 2 G_t
         V = _reverse_cumsum(G2 / W, decay)
         U = _reverse_cumsum((-r * A - G2 * mu) / W, decay)
