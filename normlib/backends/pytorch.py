@@ -339,6 +339,18 @@ def _chan_block_grads(x, weight, gy, decay, eps, eps_mode):
     return dx.addcmul_(u, _reverse_cumsum(q, decay), value=-1), dw
 
 
+def _save(ctx, tensors, bias, decay, eps, eps_mode):
+    """What the backward of _ChanNorm and _PooledNorm reads: ``tensors``, the options and beta's dtype."""
+    ctx.save_for_backward(*tensors)
+    ctx.opts = (decay, eps, eps_mode)
+    ctx.bias_dtype = None if bias is None else bias.dtype
+
+
+def _bias_grad(ctx, gy):
+    """dL/dbeta: dy summed over batch and time (the statistics' dtype: torch.sum's cascade)."""
+    return gy.sum((0, 2)).to(ctx.bias_dtype) if ctx.needs_input_grad[2] else None
+
+
 class _ChanNorm(torch.autograd.Function):
     """A per-channel causal norm without lengths or a state in or out, under autograd (a model's training step):
     the forward of _running_chan, saving only x, and a backward in the same blocks of channels that recomputes
@@ -348,9 +360,7 @@ class _ChanNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, decay, eps, eps_mode):
         y, _ = _running_chan(x, weight, bias, None, decay, eps, eps_mode, False)  # no grad here: in place
-        ctx.save_for_backward(x, weight)
-        ctx.opts = (decay, eps, eps_mode)
-        ctx.bias_dtype = None if bias is None else bias.dtype
+        _save(ctx, (x, weight), bias, decay, eps, eps_mode)
         return y
 
     @staticmethod
@@ -367,8 +377,7 @@ class _ChanNorm(torch.autograd.Function):
             dx[:, part] = dxb
             dws.append(dw)
         dw = torch.cat(dws).to(weight.dtype) if weight is not None and ctx.needs_input_grad[1] else None
-        db = gy.sum((0, 2)).to(ctx.bias_dtype) if ctx.needs_input_grad[2] else None
-        return dx, dw, db, None, None, None
+        return dx, dw, _bias_grad(ctx, gy), None, None, None
 
 
 class _PooledNorm(torch.autograd.Function):
@@ -386,9 +395,7 @@ class _PooledNorm(torch.autograd.Function):
         keep = {}
         y, _ = forward(x, weight, bias, None, None, per_channel=False, decay=decay, eps=eps, eps_mode=eps_mode,
                        return_state=False, keep=keep)
-        ctx.save_for_backward(x, weight, keep["K"], keep["mu"], keep["mf"], keep["var"], keep["W"])
-        ctx.opts = (decay, eps, eps_mode)
-        ctx.bias_dtype = None if bias is None else bias.dtype
+        _save(ctx, (x, weight, *(keep[k] for k in ("K", "mu", "mf", "var", "W"))), bias, decay, eps, eps_mode)
         return y
 
     @staticmethod
@@ -414,12 +421,11 @@ class _PooledNorm(torch.autograd.Function):
         S = (g * xhat).sum(1, keepdim=True).to(rd)
         dw = None if weight is None or not ctx.needs_input_grad[1] else \
             (gy.to(sd) * xhat).sum((0, 2)).to(weight.dtype)
-        db = gy.sum((0, 2)).to(ctx.bias_dtype) if ctx.needs_input_grad[2] else None
         G2 = 2 * half * S  # 2 G_t
         V = _reverse_cumsum(G2 / W, decay)
         U = _reverse_cumsum((-r * A - G2 * mu) / W, decay)
         dx = g.mul_(r_sd).add_((U + mu * V).to(sd)).addcmul_(dev, V.to(sd))
-        return dx.to(x.dtype), dw, db, None, None, None
+        return dx.to(x.dtype), dw, _bias_grad(ctx, gy), None, None, None
 
 
 def _grad(x, weight, bias, state) -> bool:
