@@ -507,6 +507,14 @@ def _frame_blocks(x, valid, per_channel, decay, inplace):
     return [slice(t, t + L) for t in range(0, T, L)]
 
 
+@functools.lru_cache(maxsize=256)
+def _pool_weights(d: float, T: int, C: int, device):
+    """A pooled norm's running weights without lengths, (T,) float64: W_t = C G_t and the factor
+    C d W_(t-1) / W_t of Welford's term (0 at frame 0)."""
+    W = C * (_frame_weights.__wrapped__ if torch.compiler.is_compiling() else _frame_weights)(d, T, device)[1]
+    return W, C * F.pad(d * W[:-1], (1, 0)) / W
+
+
 def _frames(K, b):
     """K at the frames of slice b: FRAME's is per frame, the others' one per sequence."""
     return K[..., b] if K.shape[-1] > 1 else K
@@ -516,11 +524,12 @@ def _frame_moments(xk, n, valid):
     """Each frame's n values of x - K: the sum s1 (float64), the float32 mean mf, the deviations dev = x - mf,
     the mean m_f (mf corrected by dev's own sum: n times mf's rounding) and M2 about it, float64."""
     rd = torch.float64
+    count = n if type(n) is float else torch.where(n > 0, n, 1)
     s1 = xk.sum(1, keepdim=True).to(rd)
-    mf = (s1 / torch.where(n > 0, n, 1)).to(xk.dtype)
+    mf = (s1 / count).to(xk.dtype)
     dev = xk - mf if valid is None else torch.where(valid, xk - mf, 0)
     fix = dev.sum(1, keepdim=True).to(rd)
-    m_f = mf.to(rd) + fix / torch.where(n > 0, n, 1)
+    m_f = mf.to(rd) + fix / count
     m2_f = ((dev * dev).sum(1, keepdim=True).to(rd) - fix * (m_f - mf.to(rd))).clamp_min(0)
     return s1, mf, dev, m_f, m2_f
 
@@ -592,22 +601,30 @@ def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mod
     # M2_t = d M2_(t-1) + M2_t(frame) + n_t (d W_(t-1) / W_t) (m_t - mu_(t-1))^2: a decayed sum of terms >= 0,
     # each from a difference of means, so a mean far from frame 0's (an EMA that has forgotten it) costs no
     # digits (sums of (x - K)^2 lost (mu - K)^2 / var of them).
-    n = (torch.ones(B, 1, T, device=x.device, dtype=rd) if valid is None else valid.to(rd))
+    if valid is None and not per_channel and decay != 0:  # every frame weighs C: its weights are constants
+        n = float(C)
+    else:
+        n = (torch.ones(B, 1, T, device=x.device, dtype=rd) if valid is None else valid.to(rd))
+        n = n if per_channel else n * C
     if per_channel:
         m_f, dev = xk.to(rd), xk  # one value a frame: no spread
         s1 = m_f
     elif blocks:  # each block's frames, then their x - m_f again for y (below)
-        n = n * C
         parts = []
         for b in blocks:
-            s1_b, mf_b, _, m_b, q_b = _frame_moments(xs[..., b] - _frames(K, b), n[..., b], None)
+            s1_b, mf_b, _, m_b, q_b = _frame_moments(xs[..., b] - _frames(K, b), n if type(n) is float else n[..., b],
+                                                     None)
             parts.append((s1_b, mf_b, m_b, q_b))
         (s1, mf, m_f, m2_f), dev = (torch.cat(p, -1) for p in zip(*parts)), None
     else:
-        n = n * C
         s1, mf, dev, m_f, m2_f = _frame_moments(xk, n, valid)  # y reuses dev = x - m_f
     if decay == 0:  # FRAME: each frame alone
         own = NormState(n, m_f, m2_f)
+    elif type(n) is float:  # the same recurrence, its weights from the cache: W_t and n d W_(t-1) / W_t
+        W, coef = (_pool_weights.__wrapped__ if torch.compiler.is_compiling() else _pool_weights)(decay, T, C, x.device)
+        mu = decayed_cumsum(s1, decay) / W
+        c = (m_f - F.pad(mu[..., :-1], (1, 0))).square() * coef
+        own = NormState(W.expand(B, 1, T), mu, decayed_cumsum(c + m2_f, decay))
     else:
         S0, S1 = decayed_cumsum(n, decay), decayed_cumsum(s1, decay)
         W = S0 if valid is None else torch.where(S0 > 0, S0, 1)  # without lengths every frame weighs n >= 1
