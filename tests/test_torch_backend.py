@@ -919,36 +919,3 @@ def test_a_few_frames_of_a_per_channel_norm_give_beta_where_a_channel_has_one_va
         assert_rel(y, ref("ccln", x, w, b, eps, state=state, eps_mode=eps_mode), TOL[F64], "ccln y")
     assert len(taken) == 2
 
-
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("name", ["cln", "emaln", "frameln"])
-def test_a_pooled_norm_in_blocks_of_frames_matches_the_reference(name, layout, monkeypatch):
-    """Blocks of 3 frames of 11 (a last block of 2) on the CPU without autograd, and the training step's forward
-    (_PooledNorm's), 1e4 from zero, eps outside (FRAME's general path), with a state: y and the state against
-    the float64 oracle, and the same y as without blocks."""
-    g = torch.Generator().manual_seed(12)
-    B, C, T = 2, 5, 11
-    x = make_x(B, C, T, layout, dtype=F32, generator=g, offset=1e4)
-    w, b = make_affine(C, F32, generator=g)
-    kw = dict(layout=layout, eps_mode="outside", **({"decay": 0.8} if name == "emaln" else {}))
-    state = make_state(name, B, C, generator=g)
-    state = normlib.NormState(state.w, state.m + 1e4, state.m2)
-    whole = run(name, x, w, b, 1e-5, state=state, return_state=True, **kw)
-    monkeypatch.setattr(pytorch_backend, "POOL_BLOCK", 3 * B * C)
-    taken = []
-    real = pytorch_backend._frame_moments
-    monkeypatch.setattr(pytorch_backend, "_frame_moments", lambda *a: taken.append(1) or real(*a))
-    y, s = run(name, x, w, b, 1e-5, state=state, return_state=True, **kw)
-    assert len(taken) == 4
-    y_r, s_r = ref(name, x.double(), w, b, 1e-5, state=state, return_state=True, **kw)
-    assert_rel(y, y_r, TOL[F32], f"{name} y")
-    assert_state_close(s, s_r, TOL[F32], floor=True)
-    assert torch.equal(y, whole[0]) and all(torch.equal(a, e) for a, e in zip(s, whole[1]))
-    if name != "frameln":  # the training step's forward takes the blocks too, without autograd
-        xg = x.clone().requires_grad_()
-        y_g = run(name, xg, w, b, 1e-5, **kw)
-        assert torch.equal(y_g, run(name, x, w, b, 1e-5, **kw))
-        gx, = torch.autograd.grad(y_g, xg, torch.ones_like(y_g))
-        xr = x.double().requires_grad_()
-        gr, = torch.autograd.grad(ref(name, xr, w, b, 1e-5, **kw), xr, torch.ones_like(xr))
-        assert_rel(gx, gr, 1e-3, f"{name} dx")

@@ -490,34 +490,12 @@ def _native(x, weight, bias, per_channel, decay, eps):
     return F.group_norm(xs - K, C if per_channel else 1, weight, bias, eps).to(x.dtype)
 
 
-# Values of a block of frames of a pooled norm that the general path takes at once on the CPU without autograd:
-# its passes over x - K stay in the cache, and x is read twice in all ((4, 512, 4000) fp32: ten passes went to
-# memory)
-POOL_BLOCK = 1 << 18
-
-
-def _frame_blocks(x, valid, per_channel, decay, inplace):
-    """Slices of frames for the general path of a pooled norm (no lengths, no autograd, CPU, eager, past
-    POOL_BLOCK values); [] where it takes the whole tensor at once."""
-    B, C, T = x.shape
-    if per_channel or decay is None or valid is not None or not inplace or x.device.type != "cpu" \
-            or torch.compiler.is_compiling() or B * C * T <= POOL_BLOCK:
-        return []
-    L = max(1, POOL_BLOCK // (B * C))
-    return [slice(t, t + L) for t in range(0, T, L)]
-
-
 @functools.lru_cache(maxsize=256)
 def _pool_weights(d: float, T: int, C: int, device):
     """A pooled norm's running weights without lengths, (T,) float64: W_t = C G_t and the factor
     C d W_(t-1) / W_t of Welford's term (0 at frame 0)."""
     W = C * (_frame_weights.__wrapped__ if torch.compiler.is_compiling() else _frame_weights)(d, T, device)[1]
     return W, C * F.pad(d * W[:-1], (1, 0)) / W
-
-
-def _frames(K, b):
-    """K at the frames of slice b: FRAME's is per frame, the others' one per sequence."""
-    return K[..., b] if K.shape[-1] > 1 else K
 
 
 def _frame_moments(xk, n, valid):
@@ -575,8 +553,7 @@ def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mod
     # autograd saves what the normalization reads: only without it may y be written over x - K
     inplace = not (torch.is_grad_enabled() and any(t is not None and t.requires_grad
                                                    for t in (x, weight, bias, *(state or ()))))
-    blocks = _frame_blocks(x, valid, per_channel, decay, inplace)
-    xk = None if blocks else xs - K if valid is None or decay == 0 else torch.where(valid, xs - K, 0)
+    xk = xs - K if valid is None or decay == 0 else torch.where(valid, xs - K, 0)
     rd = torch.float64  # sums over time (and GLOBAL's moments) are taken in float64
     if decay is None:  # GLOBAL: the mean, then the squares about it (two passes; y reuses x - mu)
         dims = (2,) if per_channel else (1, 2)
@@ -609,13 +586,6 @@ def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mod
     if per_channel:
         m_f, dev = xk.to(rd), xk  # one value a frame: no spread
         s1 = m_f
-    elif blocks:  # each block's frames, then their x - m_f again for y (below)
-        parts = []
-        for b in blocks:
-            s1_b, mf_b, _, m_b, q_b = _frame_moments(xs[..., b] - _frames(K, b), n if type(n) is float else n[..., b],
-                                                     None)
-            parts.append((s1_b, mf_b, m_b, q_b))
-        (s1, mf, m_f, m2_f), dev = (torch.cat(p, -1) for p in zip(*parts)), None
     else:
         s1, mf, dev, m_f, m2_f = _frame_moments(xk, n, valid)  # y reuses dev = x - m_f
     if decay == 0:  # FRAME: each frame alone
@@ -642,14 +612,7 @@ def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mod
     if keep is not None:  # (B, 1, 1) and (B, 1, T): _PooledNorm's backward
         keep.update(K=K, mu=s.m, mf=mf, var=var, W=s.w)
     # x - mu_t = (x - m_f) - (mu_t - m_f), the second from two float64 means
-    mu = (s.m - mf.to(rd)).to(sd) if not per_channel else s.m.to(sd)
-    if blocks:  # x - m_f of each block as the moments took it, normalized there and then
-        y = torch.empty(x.shape, dtype=sd, device=x.device)
-        for b in blocks:
-            dev = (xs[..., b] - _frames(K, b)).sub_(mf[..., b])
-            y[..., b] = _normalize(dev, mu[..., b], r[..., b], weight, bias, True)
-    else:
-        y = _normalize(dev, mu, r, weight, bias, inplace)
+    y = _normalize(dev, (s.m - mf.to(rd)).to(sd) if not per_channel else s.m.to(sd), r, weight, bias, inplace)
     y = (y if valid is None else torch.where(valid, y, 0)).to(x.dtype)
     if decay == 0 and state is not None:  # FRAME reads no state: zero gradients into its statistics
         y = _unused(y, state.m, state.m2)
