@@ -202,7 +202,7 @@ def _bool_like(v) -> bool:
     return one and str(dtype) in ("bool", "torch.bool")
 
 
-_VOUCHED: dict = {}  # id of a state's w or m2 -> (weak reference, version): values a backend computed
+_VOUCHED: dict = {}  # id of a state's w -> (weak reference to w, w's version, m2, m2's version): a backend's values
 
 
 def vouch(state: NormState) -> NormState:
@@ -211,16 +211,18 @@ def vouch(state: NormState) -> NormState:
     each call's state to the next is checked once."""
     if torch.compiler.is_compiling():  # a traced state is checked in the graph (below) each time
         return state
-    for t in (state.w, state.m2):
-        if t.device.type == "cpu":
-            key = id(t)
-            _VOUCHED[key] = (weakref.ref(t, lambda _, key=key: _VOUCHED.pop(key, None)), t._version)
+    w, m2 = state.w, state.m2
+    if w.device.type == "cpu":
+        key = id(w)
+        _VOUCHED[key] = (weakref.ref(w, lambda _, key=key: _VOUCHED.pop(key, None)), w._version, m2, m2._version)
     return state
 
 
-def _vouched(t) -> bool:
-    seen = _VOUCHED.get(id(t))
-    return seen is not None and seen[0]() is t and seen[1] == t._version
+def _vouched(state) -> bool:
+    w, m2 = state.w, state.m2
+    seen = _VOUCHED.get(id(w))
+    return seen is not None and seen[0]() is w and seen[2] is m2 and seen[1] == w._version \
+        and seen[3] == m2._version
 
 
 def check_state_values(state: NormState):
@@ -233,7 +235,7 @@ def check_state_values(state: NormState):
     if torch.compiler.is_compiling():  # an assert in the graph: no host sync
         torch._assert_async(~((state.w < 0) | (state.m2 < 0) | ((state.w == 0) & (state.m2 > 0))).any(),
                             "state.w and state.m2 must be >= 0, and state.m2 0 where state.w is 0")
-    elif not (_vouched(state.w) and _vouched(state.m2)):
+    elif not _vouched(state):
         for field, what in (("w", "a weight"), ("m2", "a sum of squared deviations")):
             t = getattr(state, field)
             if t.numel() and bool((t < 0).any()):

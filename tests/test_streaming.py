@@ -3,6 +3,8 @@ one run over the whole sequence (outputs, final state and gradients, for truncat
 import io
 import random
 
+import warnings
+
 import pytest
 import torch
 from hypothesis import given
@@ -464,6 +466,43 @@ def test_a_few_frames_of_one_sequence_without_autograd_match_the_reference(name,
         assert_state_close(s, s_r, 1e-12, f"{name} state")
         assert torch.equal(x, x0)
     assert len(taken) == 2
+
+
+@pytest.mark.parametrize("T", [1, 3])
+@pytest.mark.parametrize("B", [1, 2])
+@pytest.mark.parametrize("name", CAUSAL)
+def test_short_calls_on_numpy_arrays_match_the_same_lines_on_tensors(name, B, T, monkeypatch):
+    """The CPU's short streaming paths run on numpy arrays; the same lines on tensors (the GPU's way, forced here)
+    give the same y and state, within float32's rounding of the affine step, and non-finite values and eps = 0
+    give NaN there as on tensors, without a numpy warning."""
+    g = torch.Generator().manual_seed(5)
+    C = 6
+    x = make_x(B, C, T, generator=g, offset=1e4)
+    w, b = make_affine(C, torch.float32, generator=g)
+    st = make_state(name, B, C, generator=g)
+    st = NormState(st.w, st.m + 1e4, st.m2)
+    layer = normlib.get(name)(C, backend="torch", **_kw(name))
+    with torch.no_grad():
+        layer.weight.copy_(w)
+        layer.bias.copy_(b)
+        y_np, s_np = layer(x, state=st, return_state=True)
+        monkeypatch.setattr(pytorch, "_on_host", lambda x, grad: False)
+        y_t, s_t = layer(x, state=st, return_state=True)
+        monkeypatch.undo()
+        assert_rel(y_np, y_t, 1e-6, f"{name} y")
+        assert_state_close(s_np, s_t, 1e-14, f"{name} state")
+        bad = x.clone()
+        bad[0, 0, 0] = float("inf")
+        flat = torch.ones(B, C, T)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            y_bad, _ = layer(bad, state=st, return_state=True)
+            y_flat, _ = normlib.get(name)(C, eps=0.0, backend="torch", **_kw(name))(flat, return_state=True)
+        assert y_bad[0, :, 0].isnan().any()
+        if SPECS[name].per_channel:  # each channel's first value alone: no spread, so 0
+            assert torch.equal(y_flat[..., 0], torch.zeros(B, C))
+        else:  # one frame of equal values and eps 0: 0 / 0
+            assert y_flat.isnan().all()
 
 
 def test_a_call_longer_than_a_few_frames_or_with_autograd_takes_the_general_path(monkeypatch):

@@ -15,9 +15,11 @@ Per-channel running norms without lengths run Welford's recurrence for all frame
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -147,37 +149,111 @@ def _welford_step(w0, m0, q0, n, mf, qf, d):
 
 FEW_FRAMES = 64  # a pooled call of one sequence this short, without autograd, runs its statistics as floats
 
+# A streaming call's arrays are a few hundred values: on the CPU a torch op costs microseconds of dispatch
+# whatever its size, a numpy op a fraction of that (an nn.GroupNorm call of (1, 256, 1): 13 us). Without
+# autograd, the short paths below take x's values as numpy arrays there; the same lines run on tensors elsewhere.
+_NUMPY = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16}
+
+
+def _on_host(x, grad) -> bool:
+    """Whether a short path's arithmetic runs on numpy arrays: CPU tensors, no autograd."""
+    return x.device.type == "cpu" and not grad
+
+
+def _quiet(host):
+    """numpy's warnings off (NaN and infinities propagate silently, as in torch ops); nothing on tensors."""
+    return np.errstate(all="ignore") if host else contextlib.nullcontext()
+
+
+def _float64(t, host):
+    """t's values in float64, a copy ours to write over: a numpy array on the host."""
+    if not host:
+        return t.to(torch.float64, copy=True)
+    t = t.detach()
+    return (t.numpy() if t.dtype in _NUMPY else t.to(torch.float64).numpy()).astype(np.float64)
+
+
+def _values(t, host):
+    """An affine parameter as the short path reads it (a numpy view on the host), or None."""
+    return t if t is None or not host else t.detach().numpy() if t.dtype in _NUMPY else _float64(t, host)
+
+
+def _output(y, x, weight, bias, host, arrange):
+    """gamma y + beta (y in float64, ours to write over, C on its last dim), arranged to x's shape by ``arrange``
+    (views), as a tensor of x's dtype: float32 and float64 take the affine parameters in their own dtype, others
+    (bfloat16, float16) in float64 and round once."""
+    if x.dtype in (torch.float32, torch.float64):
+        y = y.astype(_NUMPY[x.dtype], copy=False) if host else y.to(x.dtype)
+    if host:  # no autograd: in place
+        if weight is not None:
+            y *= _values(weight, host)
+        if bias is not None:
+            y += _values(bias, host)
+        y = torch.from_numpy(arrange(y))
+        return y if y.dtype == x.dtype else y.to(x.dtype)
+    if weight is not None:
+        y = y * weight
+    if bias is not None:
+        y = y + bias
+    return arrange(y.to(x.dtype))
+
+
+def _to_bct(y):  # (T, C) -> (1, C, T)
+    return y.T[None]
+
+
+def _to_1c1(y):  # (C,) -> (1, C, 1)
+    return y[None, :, None]
+
+
+def _to_bc1(y):  # (B, C) -> (B, C, 1)
+    return y[..., None]
+
+
+def _state_values(state, host):
+    return state if not host else tuple(t.detach().numpy() for t in state)
+
 
 def _frames_floats(x, weight, bias, state, decay, eps, eps_mode):
     """A short call (T <= FEW_FRAMES, no lengths) of one sequence (B = 1) of a pooled causal norm without autograd,
-    a real-time model's call: each frame's moments in float64 by one var_mean, then Welford's step frame by frame
-    as Python floats, and y in a handful of tensor ops. A tensor op costs microseconds whatever its size; the
-    general path's scan takes some sixty. Returns (y, state)."""
+    a real-time model's call: each frame's moments in float64 (numpy on the CPU), then Welford's step frame by
+    frame as Python floats, and y in a handful of array ops. The general path's scan takes some sixty tensor
+    ops. Returns (y, state)."""
     C, T = x.shape[1], x.shape[2]
-    one = T == 1  # 1-D, with scalars: fewer ops again
-    xd = (x[0, :, 0] if one else x[0]).to(torch.float64, copy=True)  # (C,) or (C, T), ours to write over
-    vs, ms = torch.var_mean(xd, dim=0, correction=0)
-    vs, ms = ((float(vs),), (float(ms),)) if one else (vs.tolist(), ms.tolist())
-    w = m = q = 0.0  # _welford_step from an empty state gives the frame's mean exactly
-    if state is not None and decay != 0:  # FRAME ignores the state
-        w, m, q = (float(t) for t in state)
-    n, means, rstds = float(C), [], []
-    for mf, vf in zip(ms, vs):
-        w, m, q = _welford_step(w, m, q, n, mf, vf * n, decay)
-        means.append(m)
-        rstds.append(_rstd_float(q / w if w > 1 else 1.0, eps, eps_mode))
-    if one:
-        y = xd.sub_(m).mul_(rstds[0])
-    else:
-        mr = torch.tensor((means, rstds), dtype=torch.float64, device=x.device)
-        y = xd.sub_(mr[0]).mul_(mr[1])
-        weight, bias = (None if t is None else t[:, None] for t in (weight, bias))
-    if weight is not None:
-        y = y.mul_(weight)
-    if bias is not None:
-        y = y.add_(bias)
-    out = torch.tensor((w, m, q), dtype=torch.float64, device=x.device)
-    return y.to(x.dtype).view(1, C, T), NormState(out[0:1], out[1:2], out[2:3])
+    host = _on_host(x, False)
+    with _quiet(host):
+        xd = _float64(x, host)[0]  # (C, T), ours to write over (indexing a tensor costs microseconds)
+        if T == 1:  # a real-time model's hop: Python floats
+            xd = xd[:, 0]
+            mf = float(xd.sum()) / C
+            xd -= mf  # the frame's deviations: two passes, no cancellation
+            ms, qs = (mf,), (float(xd @ xd),)
+        else:
+            ms = xd.sum(0) / C
+            xd -= ms
+            ms, qs = ms.tolist(), (xd * xd).sum(0).tolist()
+        w = m = q = 0.0  # _welford_step from an empty state gives the frame's mean exactly
+        if state is not None and decay != 0:  # FRAME ignores the state
+            w, m, q = (t.item() for t in state)
+        n, shifts, rstds = float(C), [], []
+        for mf, qf in zip(ms, qs):
+            w, m, q = _welford_step(w, m, q, n, mf, qf, decay)
+            shifts.append(mf - m)  # x - m = (x - mf) + (mf - m)
+            rstds.append(_rstd_float(q / w if w > 1 else 1.0, eps, eps_mode))
+        if T == 1:
+            xd += shifts[0]
+            xd *= rstds[0]
+        else:
+            new = np.array if host else functools.partial(torch.tensor, dtype=torch.float64, device=x.device)
+            xd += new(shifts)
+            xd *= new(rstds)
+            xd = xd.T
+        if host:
+            state = np.array(((w,), (m,), (q,)))
+            state = NormState(torch.from_numpy(state[0]), torch.from_numpy(state[1]), torch.from_numpy(state[2]))
+        else:
+            state = NormState(*torch.tensor((w, m, q), dtype=torch.float64, device=x.device).split(1))
+        return _output(xd, x, weight, bias, host, _to_1c1 if T == 1 else _to_bct), state
 
 
 # Values of a block of channels that _running_chan takes at once on the CPU: its float64 arrays (2 MB each) stay in
@@ -436,29 +512,31 @@ def _grad(x, weight, bias, state) -> bool:
 
 def _one_frame(x, weight, bias, state, *, per_channel, decay, eps, eps_mode):
     """A streaming call of one frame (T = 1, no lengths) of a causal norm: Welford's step in float64 (a real-time
-    model makes one such call per layer and hop). Returns (y, state). One sequence of a pooled norm without
-    autograd takes _frames_floats (see forward)."""
-    B, C = x.shape[:2]
-    xd = x[..., 0].to(torch.float64)  # (B, C)
-    if per_channel:  # one value a frame: no spread
-        n, mf, qf = 1.0, xd, 0.0
-    else:
-        vf, mf = torch.var_mean(xd, dim=1, correction=0)
-        n, qf = float(C), vf * C
-    if state is None or decay == 0:  # nothing before, or FRAME: the frame alone
-        w, m, q = torch.full_like(mf, n), mf, qf if not per_channel else torch.zeros_like(mf)
-    else:
-        w, m, q = _welford_step(*state, n, mf, qf, decay)
-    r = _rstd(_live(q / w, None, w), eps, eps_mode)
-    y = (xd - m) * r if per_channel else (xd - m[:, None]) * r[:, None]
-    if weight is not None:
-        y = y * weight
-    if bias is not None:
-        y = y + bias
-    y = y.to(x.dtype)[..., None]
-    if decay == 0 and state is not None:  # FRAME reads no state: zero gradients into its statistics
-        y = _unused(y, state.m, state.m2)
-    return y, NormState(w, m, q)
+    model makes one such call per layer and hop), on numpy arrays where it can (_on_host). Returns (y, state).
+    One sequence of a pooled norm without autograd takes _frames_floats (see forward)."""
+    C = x.shape[1]
+    grad = _grad(x, weight, bias, state)
+    host = _on_host(x, grad)
+    xp = np if host else torch
+    with _quiet(host):
+        xd = _float64(x, host)[..., 0]  # (B, C)
+        if per_channel:  # one value a frame: no spread
+            n, mf, qf = 1.0, xd, 0.0
+        else:
+            mf = xd.mean(1)
+            dev = xd - mf[:, None]
+            n, qf = float(C), (dev * dev).sum(1)
+        if state is None or decay == 0:  # nothing before, or FRAME: the frame alone
+            w, m, q = xp.full_like(mf, n), mf, qf if not per_channel else xp.zeros_like(mf)
+        else:
+            w, m, q = _welford_step(*_state_values(state, host), n, mf, qf, decay)
+        var = xp.where(w > 1, q / w, 1.0)  # _live: one value so far has no spread
+        r = 1 / xp.sqrt(var + eps) if eps_mode == "inside" else 1 / (xp.sqrt(var.clip(_TINY64)) + eps)
+        y = (xd - m) * r if per_channel else (xd - m[:, None]) * r[:, None]
+        y = _output(y, x, weight, bias, host, _to_bc1)
+        if decay == 0 and state is not None and grad:  # FRAME reads no state: zero gradients into its statistics
+            y = _unused(y, state.m, state.m2)
+        return y, NormState(*(map(torch.from_numpy, (w, m, q)) if host else (w, m, q)))
 
 
 def _native(x, weight, bias, per_channel, decay, eps):
@@ -516,13 +594,13 @@ def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mod
     """x: (B, C, T) view in any strides; decay None means GLOBAL. Returns (y, state or None). ``keep``: a dict
     that a pooled running norm's general path fills with its per-frame statistics (_PooledNorm)."""
     B, C, T = x.shape
-    if state is not None:  # its weight is a count, which nothing differentiable moves: no gradient
-        state = NormState(state.w.detach(), state.m, state.m2)
     # floats break a graph, and a test of T would guard on it: first of all, not while compiling
     if not torch.compiler.is_compiling() and B == 1 and 1 <= T <= FEW_FRAMES and C and lengths is None \
             and decay is not None and not per_channel and not _grad(x, weight, bias, state) and keep is None:
         y, s = _frames_floats(x, weight, bias, state, decay, eps, eps_mode)
         return y, s if return_state else None
+    if state is not None:  # its weight is a count, which nothing differentiable moves: no gradient
+        state = NormState(state.w.detach(), state.m, state.m2)
     if B and C and lengths is None and eps_mode == "inside" and (
             decay is None and (T > 1 if per_channel else C * T > 1)
             or decay == 0 and C > 1 and state is None and not return_state):
