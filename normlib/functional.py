@@ -66,10 +66,13 @@ def norm(spec: NormSpec, x: torch.Tensor, weight=None, bias=None, eps: float = 1
         call = backends.resolve(backend, x, backends.PREPARE)(c.x, **opts)
         call = _CALLS[key] = _permuted(call) if c.layout == "b t c" else call
         return call(x, weight, bias)
-    forward = backends.resolve(backend, x)
     tagged = state_type(*state_tag(spec, c.decay)) if return_state else None  # the returned state's class
     if key is not None:
-        _CALLS[key] = _streaming(forward, c.layout == "b t c", opts, tagged)
+        call = _CALLS[key] = _streaming(backends.resolve(backend, x, backends.STREAM)(c.x, **opts),
+                                        c.layout == "b t c", tagged)
+        y, state = call(x, weight, bias, state)
+        return y, vouch(state)
+    forward = backends.resolve(backend, x)
     y, state_out = forward(c.x, weight, bias, c.lengths, state, return_state=return_state, **opts)
     if c.layout == "b t c":
         y = y.permute(0, 2, 1)
@@ -90,12 +93,18 @@ def _permuted(call):
     return lambda x, weight, bias: call(x.permute(0, 2, 1), weight, bias).permute(0, 2, 1)
 
 
-def _streaming(forward, permute, opts, tagged):
-    """A streaming call (state in and out) of a signature that passed the checks: the backend's forward, its
-    state tagged (as the class ``tagged``)."""
+def _streaming(prepared, permute, tagged):
+    """A streaming call (state in and out) of a signature that passed the checks: the backend's prepared stream
+    call, its state tagged (as the class ``tagged``)."""
+    if permute:
+        def call(x, weight, bias, state):
+            y, s = prepared(x.permute(0, 2, 1), weight, bias, state)
+            return y.permute(0, 2, 1), tuple.__new__(tagged, s)  # _make, without its length check
+        return call
+
     def call(x, weight, bias, state):
-        y, s = forward(x.permute(0, 2, 1) if permute else x, weight, bias, None, state, return_state=True, **opts)
-        return (y.permute(0, 2, 1) if permute else y), tuple.__new__(tagged, s)  # _make, without its length check
+        y, s = prepared(x, weight, bias, state)
+        return y, tuple.__new__(tagged, s)
     return call
 
 

@@ -8,6 +8,10 @@ takes ``x`` as a (B, C, T) view in any strides (a "b t c" input arrives permuted
 ``prepare(x, *, per_channel, decay, eps, eps_mode)`` returns ``call(x, weight, bias) -> y``: forward without
 lengths or states for inputs of x's shape, strides, dtype and device, with whatever can be decided once decided
 (a model calls each layer with one signature, step after step).
+
+``prepare_stream(x, *, per_channel, decay, eps, eps_mode)`` returns ``call(x, weight, bias, state) -> (y, state)``:
+forward with a state in and out, without lengths, for inputs of x's signature (a streaming model's call, hop after
+hop); a backend without one gets forward with the options bound.
 """
 from __future__ import annotations
 
@@ -17,13 +21,22 @@ import torch
 
 from . import pytorch
 
+def _stream_of(forward):
+    """prepare_stream of a backend that has none: its forward with the options bound."""
+    def prepare_stream(x, **opts):
+        return lambda x, weight, bias, state: forward(x, weight, bias, None, state, return_state=True, **opts)
+    return prepare_stream
+
+
 BACKENDS = {"torch": pytorch.forward}
 PREPARE = {"torch": pytorch.prepare}
+STREAM = {"torch": pytorch.prepare_stream}
 try:  # triton is optional: absent on macOS and Windows
     from . import triton as _triton_backend
 
     BACKENDS["triton"] = _triton_backend.forward
     PREPARE["triton"] = _triton_backend.prepare
+    STREAM["triton"] = _stream_of(_triton_backend.forward)
 except ImportError:  # pragma: no cover
     pass
 NAMES = ("auto", "torch", "triton")

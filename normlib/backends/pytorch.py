@@ -211,7 +211,8 @@ def _to_bc1(y):  # (B, C) -> (B, C, 1)
 
 
 def _state_values(state, host):
-    return state if not host else tuple(t.detach().numpy() for t in state)
+    """(w, m, m2) as the short paths read them: w detached (a count: no gradient), numpy arrays on the host."""
+    return (state.w.detach(), state.m, state.m2) if not host else tuple(t.detach().numpy() for t in state)
 
 
 def _frames_floats(x, weight, bias, state, decay, eps, eps_mode):
@@ -731,4 +732,26 @@ def prepare(x, *, per_channel, decay, eps, eps_mode):
     def call(x, weight, bias):
         return forward(x, weight, bias, None, None, per_channel=per_channel, decay=decay, eps=eps, eps_mode=eps_mode,
                        return_state=False)[0]
+    return call
+
+
+def prepare_stream(x, *, per_channel, decay, eps, eps_mode):
+    """The backend contract's prepared streaming call (normlib.backends): a short path chosen once for x's shape
+    (a real-time model's hop: one frame, or a few of one sequence), else forward."""
+    B, C, T = x.shape
+    opts = dict(per_channel=per_channel, decay=decay, eps=eps, eps_mode=eps_mode)
+
+    def call(x, weight, bias, state):
+        return forward(x, weight, bias, None, state, return_state=True, **opts)
+
+    if decay is None or not C:
+        return call
+    if B == 1 and 1 <= T <= FEW_FRAMES and not per_channel:
+        def few(x, weight, bias, state):
+            if _grad(x, weight, bias, state):
+                return call(x, weight, bias, state)
+            return _frames_floats(x, weight, bias, state, decay, eps, eps_mode)
+        return few
+    if T == 1:
+        return functools.partial(_one_frame, **opts)
     return call
