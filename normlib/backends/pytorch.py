@@ -577,14 +577,15 @@ def _pool_weights(d: float, T: int, C: int, device):
     return W, C * F.pad(d * W[:-1], (1, 0)) / W
 
 
-def _frame_moments(xk, n, valid):
-    """Each frame's n values of x - K: the sum s1 (float64), the float32 mean mf, the deviations dev = x - mf,
-    the mean m_f (mf corrected by dev's own sum: n times mf's rounding) and M2 about it, float64."""
+def _frame_moments(xk, n, valid, inplace=False):
+    """Each frame's n values of x - K: the sum s1 (float64), the float32 mean mf, the deviations dev = x - mf
+    (written over xk where ``inplace``: on a CPU a fresh full-size tensor costs more than a pass), the mean m_f
+    (mf corrected by dev's own sum: n times mf's rounding) and M2 about it, float64."""
     rd = torch.float64
     count = n if type(n) is float else torch.where(n > 0, n, 1)
     s1 = xk.sum(1, keepdim=True).to(rd)
     mf = (s1 / count).to(xk.dtype)
-    dev = xk - mf if valid is None else torch.where(valid, xk - mf, 0)
+    dev = xk.sub_(mf) if inplace and valid is None else xk - mf if valid is None else torch.where(valid, xk - mf, 0)
     fix = dev.sum(1, keepdim=True).to(rd)
     m_f = mf.to(rd) + fix / count
     m2_f = ((dev * dev).sum(1, keepdim=True).to(rd) - fix * (m_f - mf.to(rd))).clamp_min(0)
@@ -640,7 +641,8 @@ def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mod
             valid.sum(2, keepdim=True).to(rd) * (1 if per_channel else C)  # (B, 1, 1)
         count = torch.as_tensor(n, dtype=rd, device=x.device).clamp_min(1)
         mu = (xk.sum(dims, keepdim=True).to(rd) / count).to(sd)
-        dev = xk - mu if valid is None else torch.where(valid, xk - mu, 0)
+        dev = xk.sub_(mu) if inplace and valid is None else \
+            xk - mu if valid is None else torch.where(valid, xk - mu, 0)
         # the float32 sum of x - K rounds the mean (1e-5 of y with T = 3000 frames 1e4 from frame 0): the
         # deviations' own mean corrects it
         fix = dev.sum(dims, keepdim=True).to(rd) / count
@@ -666,7 +668,7 @@ def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mod
         m_f, dev = xk.to(rd), xk  # one value a frame: no spread
         s1 = m_f
     else:
-        s1, mf, dev, m_f, m2_f = _frame_moments(xk, n, valid)  # y reuses dev = x - m_f
+        s1, mf, dev, m_f, m2_f = _frame_moments(xk, n, valid, inplace)  # y reuses dev = x - m_f
     if decay == 0:  # FRAME: each frame alone
         own = NormState(n, m_f, m2_f)
     elif type(n) is float:  # the same recurrence, its weights from the cache: W_t and n d W_(t-1) / W_t
