@@ -156,8 +156,9 @@ _NUMPY = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: n
 
 
 def _on_host(x, grad) -> bool:
-    """Whether a short path's arithmetic runs on numpy arrays: CPU tensors, no autograd."""
-    return x.device.type == "cpu" and not grad
+    """Whether a short path's arithmetic runs on numpy arrays: plain CPU tensors (a subclass may have no numpy
+    view), no autograd."""
+    return x.device.type == "cpu" and not grad and type(x) in (torch.Tensor, torch.nn.Parameter)
 
 
 def _quiet(host):
