@@ -140,11 +140,11 @@ _TINY64 = torch.finfo(torch.float64).tiny
 def _welford_step(w0, m0, q0, n, mf, qf, d):
     """merge(state, frame, d) written out for a frame of weight n >= 1, so w >= 1 and the mean is exact after an
     empty state (w0 = m0 = 0). Operators only: the same lines take Python floats or tensors."""
-    dw = w0 * d
+    dw, q0 = (w0, q0) if d == 1 else (w0 * d, q0 * d)  # on arrays an op each
     w = dw + n
     delta = mf - m0
     a = delta * (n / w)
-    return w, m0 + a, q0 * d + qf + delta * a * dw
+    return w, m0 + a, q0 + qf + delta * a * dw
 
 
 FEW_FRAMES = 64  # a pooled call of one sequence this short, without autograd, runs its statistics as floats
@@ -166,17 +166,21 @@ def _quiet(host):
     return np.errstate(all="ignore") if host else contextlib.nullcontext()
 
 
+def _numpy(t):
+    """A numpy view of a CPU tensor of a numpy dtype."""
+    return (t.detach() if t.requires_grad else t).numpy()
+
+
 def _float64(t, host):
     """t's values in float64, a copy ours to write over: a numpy array on the host."""
     if not host:
         return t.to(torch.float64, copy=True)
-    t = t.detach()
-    return (t.numpy() if t.dtype in _NUMPY else t.to(torch.float64).numpy()).astype(np.float64)
+    return (_numpy(t) if t.dtype in _NUMPY else t.detach().to(torch.float64).numpy()).astype(np.float64)
 
 
 def _values(t, host):
     """An affine parameter as the short path reads it (a numpy view on the host), or None."""
-    return t if t is None or not host else t.detach().numpy() if t.dtype in _NUMPY else _float64(t, host)
+    return t if t is None or not host else _numpy(t) if t.dtype in _NUMPY else _float64(t, host)
 
 
 def _output(y, x, weight, bias, host, arrange):
@@ -213,7 +217,7 @@ def _to_bc1(y):  # (B, C) -> (B, C, 1)
 
 def _state_values(state, host):
     """(w, m, m2) as the short paths read them: w detached (a count: no gradient), numpy arrays on the host."""
-    return (state.w.detach(), state.m, state.m2) if not host else tuple(t.detach().numpy() for t in state)
+    return (state.w.detach(), state.m, state.m2) if not host else tuple(_numpy(t) for t in state)
 
 
 def _frames_floats(x, weight, bias, state, decay, eps, eps_mode):
