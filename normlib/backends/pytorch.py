@@ -562,9 +562,10 @@ def _native(x, weight, bias, per_channel, decay, eps):
     xs = x.to(sd)
     B, C, T = x.shape
     weight, bias = (None if t is None else t.to(sd) for t in (weight, bias))
-    if decay == 0:  # a (B, C, T) view of "b t c" memory transposes back to contiguous frames: no copy
-        return F.layer_norm((xs - xs[:, :1].detach()).transpose(1, 2), (C,), weight, bias, eps).transpose(1, 2) \
-            .to(x.dtype)
+    if decay == 0:  # LayerNorm over contiguous frames: "b t c" memory is; "b c t" is copied, and shifted there
+        xt, K = xs.transpose(1, 2), xs[:, :1].detach().transpose(1, 2)
+        xt = xt - K if xt.is_contiguous() else xt.contiguous().sub_(K)  # the copy LayerNorm would make: ours
+        return F.layer_norm(xt, (C,), weight, bias, eps).transpose(1, 2).to(x.dtype)
     seen = xs.detach()[..., ::max(1, (T - 1) // 16)]  # a strided view (index_select on time took 4 ms)
     seen = seen if per_channel else seen[:, ::max(1, C // 16)].reshape(B, 1, -1)  # 16 channels: a short sort
     K = seen.median(2, keepdim=True).values
