@@ -721,6 +721,24 @@ def test_the_native_kernels_keep_their_digits(name, case):
     assert_rel(run(name, x), ref(name, x), 1e-6, name)
 
 
+@pytest.mark.parametrize("sigmas", [7.9, 8.1, 300.0])
+def test_frameln_skips_its_shift_only_where_layernorm_keeps_the_digits(sigmas, monkeypatch):
+    """On the CPU frameln takes LayerNorm's result unshifted where every frame's mean is within 8 of its standard
+    deviations from 0 (LayerNorm's own statistics say so), else shifts each frame by its channel 0 and runs it
+    again: frames at 7.9, 8.1 and 300 deviations from 0 keep the reference's digits either way, and the second
+    run happens exactly past 8."""
+    calls = []
+    real = torch.nn.functional.layer_norm
+    monkeypatch.setattr(torch.nn.functional, "layer_norm", lambda *a, **k: calls.append(1) or real(*a, **k))
+    g = torch.Generator().manual_seed(8)
+    C, T = 64, 50
+    z = torch.randn(2, C, T, generator=g, dtype=F64)
+    z = (z - z.mean(1, keepdim=True)) / z.std(1, correction=0, keepdim=True)  # each frame: mean 0, std 1
+    x = (z * 0.5 + 0.5 * sigmas).to(F32)  # mean sigmas / 2 over a std of 1 / 2
+    assert_rel(run("frameln", x), ref("frameln", x), 1e-6, "frameln")
+    assert len(calls) == (sigmas > 8)
+
+
 @pytest.mark.parametrize("name", ["gln", "instln"])
 def test_global_norms_keep_their_digits_when_frame_0_is_far_from_the_rest(name):
     """Frame 0 at 0, 2999 frames at 1e4 (silence, then a level): the mean's float32 rounding is corrected by
