@@ -486,7 +486,8 @@ class _PooledNorm(torch.autograd.Function):
         x, weight, K, mu, mf, var, W = ctx.saved_tensors
         decay, eps, eps_mode = ctx.opts
         sd, rd = _stats_dtype(x), torch.float64
-        var = _live(var, None, W)  # a statistic of one value (C = 1, frame 0): no gradient through its variance
+        if x.shape[1] == 1:  # a statistic of one value (frame 0): no gradient through its variance
+            var = _live(var, None, W)
         if eps_mode == "inside":
             r = torch.rsqrt(var + eps)
             half = r * r * -0.5  # r' / r = -r^2 / 2
@@ -601,7 +602,8 @@ def _frame_moments(xk, n, valid, inplace=False):
     dev = xk.sub_(mf) if inplace and valid is None else xk - mf if valid is None else torch.where(valid, xk - mf, 0)
     fix = dev.sum(1, keepdim=True).to(rd)
     m_f = mf.to(rd) + fix / count
-    m2_f = ((dev * dev).sum(1, keepdim=True).to(rd) - fix * (m_f - mf.to(rd))).clamp_min(0)
+    # M2 about m_f = mf + fix / n: the squares about mf, less n (fix / n)^2
+    m2_f = ((dev * dev).sum(1, keepdim=True).to(rd) - fix * fix / count).clamp_min(0)
     return s1, mf, dev, m_f, m2_f
 
 
@@ -702,7 +704,8 @@ def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mod
         rel = NormState(w0, m0 - K.to(rd), q0)
         s = merge(rel, own, decay ** torch.arange(1, T + 1, device=x.device, dtype=rd))
     var = s.m2 / (s.w if valid is None and decay != 0 else torch.where(s.w > 0, s.w, 1))
-    r = _rstd(_live(var, valid, s.w).to(sd), eps, eps_mode)
+    # every frame of a pooled norm without lengths weighs C: W > 1 everywhere where C > 1
+    r = _rstd((var if type(n) is float and n > 1 else _live(var, valid, s.w)).to(sd), eps, eps_mode)
     if keep is not None:  # (B, 1, 1) and (B, 1, T): _PooledNorm's backward
         keep.update(K=K, mu=s.m, mf=mf, var=var, W=s.w)
     # x - mu_t = (x - m_f) - (mu_t - m_f), the second from two float64 means
