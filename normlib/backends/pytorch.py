@@ -477,16 +477,17 @@ class _PooledNorm(torch.autograd.Function):
         keep = {}
         y, _ = forward(x, weight, bias, None, None, per_channel=False, decay=decay, eps=eps, eps_mode=eps_mode,
                        return_state=False, keep=keep)
-        _save(ctx, (x, weight, *(keep[k] for k in ("K", "mu", "mf", "var", "W"))), bias, decay, eps, eps_mode)
+        _save(ctx, (weight, *(keep[k] for k in ("xhat", "mu", "var", "W"))), bias, decay, eps, eps_mode)
+        ctx.x_dtype = x.dtype
         return y
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, gy):
-        x, weight, K, mu, mf, var, W = ctx.saved_tensors
+        weight, xhat, mu, var, W = ctx.saved_tensors
         decay, eps, eps_mode = ctx.opts
-        sd, rd = _stats_dtype(x), torch.float64
-        if x.shape[1] == 1:  # a statistic of one value (frame 0): no gradient through its variance
+        sd, rd = xhat.dtype, torch.float64
+        if xhat.shape[1] == 1:  # a statistic of one value (frame 0): no gradient through its variance
             var = _live(var, None, W)
         if eps_mode == "inside":
             r = torch.rsqrt(var + eps)
@@ -495,20 +496,20 @@ class _PooledNorm(torch.autograd.Function):
             sig = var.clamp_min(_TINY64).sqrt()
             r = 1 / (sig + eps)
             half = torch.where(var < _TINY64, 0, r / sig * -0.5)  # r' / r = -r / (2 sigma); clamp_min's 0 below
-        r_sd = r.to(sd)
-        dev = (x.to(sd) - K).sub_(mf).sub_((mu - mf.to(rd)).to(sd))  # x - mu_t as the forward took it
-        xhat = dev * r_sd
-        g = gy.to(sd) if weight is None else gy.to(sd) * weight[:, None]
-        # sums in the statistics' dtype (torch.sum's cascade): a float64 sum converts its whole input first
-        A = g.sum(1, keepdim=True).to(rd)
-        S = (g * xhat).sum(1, keepdim=True).to(rd)
-        dw = None if weight is None or not ctx.needs_input_grad[1] else \
-            (gy.to(sd) * xhat).sum((0, 2)).to(weight.dtype)
+        gy = gy.to(sd)
+        gx = gy * xhat
+        dw = None if weight is None or not ctx.needs_input_grad[1] else gx.sum((0, 2)).to(weight.dtype)
+        # the sums over channels of gamma dy and gamma dy xhat: (B, 1, C) @ (B, C, T), no product written out
+        w = None if weight is None else weight.to(sd)
+        wb = None if w is None else w.expand(gy.shape[0], 1, -1)
+        A, S = ((t.sum(1, keepdim=True) if w is None else torch.bmm(wb, t)).to(rd) for t in (gy, gx))
         G2 = 2 * half * S  # 2 G_t
         V = _reverse_cumsum(G2 / W, decay)
         U = _reverse_cumsum((-r * A - G2 * mu) / W, decay)
-        dx = g.mul_(r_sd).add_((U + mu * V).to(sd)).addcmul_(dev, V.to(sd))
-        return dx.to(x.dtype), dw, _bias_grad(ctx, gy), None, None, None
+        # x - mu = xhat / r
+        dx = torch.addcmul((U + mu * V).to(sd), xhat, (V / r).to(sd))
+        dx.addcmul_(gy if w is None else gy * w[:, None], r.to(sd))
+        return dx.to(ctx.x_dtype), dw, _bias_grad(ctx, gy), None, None, None
 
 
 def _grad(x, weight, bias, state) -> bool:
@@ -706,10 +707,14 @@ def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mod
     var = s.m2 / (s.w if valid is None and decay != 0 else torch.where(s.w > 0, s.w, 1))
     # every frame of a pooled norm without lengths weighs C: W > 1 everywhere where C > 1
     r = _rstd((var if type(n) is float and n > 1 else _live(var, valid, s.w)).to(sd), eps, eps_mode)
-    if keep is not None:  # (B, 1, 1) and (B, 1, T): _PooledNorm's backward
-        keep.update(K=K, mu=s.m, mf=mf, var=var, W=s.w)
     # x - mu_t = (x - m_f) - (mu_t - m_f), the second from two float64 means
-    y = _normalize(dev, (s.m - mf.to(rd)).to(sd) if not per_channel else s.m.to(sd), r, weight, bias, inplace)
+    mu_sd = (s.m - mf.to(rd)).to(sd) if not per_channel else s.m.to(sd)
+    if keep is not None:  # _PooledNorm's backward: xhat, its own tensor (y is gamma xhat + beta, the same steps)
+        xhat = _normalize(dev, mu_sd, r, None, None, True)
+        keep.update(xhat=xhat, mu=s.m, var=var, W=s.w)
+        y = _normalize(xhat if weight is None else xhat * weight[:, None], None, None, None, bias, True)
+    else:
+        y = _normalize(dev, mu_sd, r, weight, bias, inplace)
     y = (y if valid is None else torch.where(valid, y, 0)).to(x.dtype)
     if decay == 0 and state is not None:  # FRAME reads no state: zero gradients into its statistics
         y = _unused(y, state.m, state.m2)
