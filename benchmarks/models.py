@@ -92,38 +92,40 @@ def host_us(fn, n=40) -> float:
     return t / n * 1e6
 
 
-def host_rows(device, shape=(4, 512, 4000)) -> list[dict]:
+def host_rows(device, shape=(4, 512, 4000), chain=8) -> list[dict]:
     """Host time of one eager layer call at ``shape`` fp32, forward under no_grad and forward + backward,
-    for a copy, ``nn.GroupNorm(1, C)`` and each normlib norm (backend "auto")."""
+    for a copy, ``nn.GroupNorm(1, C)`` and each normlib norm (backend "auto"): alone, and per layer in a chain of
+    ``chain`` such layers, as in a model, where the autograd engine's start is spread over them."""
     B, C, T = shape
     x = torch.randn(shape, device=device)
     gy = torch.randn_like(x)
-    layers = {"x.clone()": None, "nn.GroupNorm(1, C)": torch.nn.GroupNorm(1, C).to(device)}
-    layers.update({name: normlib.get(name)(C).to(device) for name in normlib.available()
+    makers = {"x.clone()": None, "nn.GroupNorm(1, C)": lambda: torch.nn.GroupNorm(1, C)}
+    makers.update({name: (lambda name=name: normlib.get(name)(C)) for name in normlib.available()
                    if getattr(normlib.get(name), "spec", None) is not None})
     rows = []
-    for name, layer in layers.items():
-        if layer is None:
-            fwd, step = (lambda: x.clone()), None
-        else:
+    for name, make in makers.items():
+        if make is None:
+            with torch.no_grad():
+                rows.append(dict(layer=name, shape=list(shape), fwd_us=host_us(lambda: x.clone())))
+            continue
+        row = dict(layer=name, shape=list(shape))
+        for key, n, model in (("", 1, make().to(device)),
+                              ("_chain", chain, torch.nn.Sequential(*(make() for _ in range(chain))).to(device))):
             xg = x.detach().requires_grad_()
-            params = [xg, *layer.parameters()]
-            fwd = lambda layer=layer: layer(x)  # noqa: E731
-            step = lambda layer=layer, xg=xg, params=params: torch.autograd.grad(layer(xg), params, gy)  # noqa: E731
-        with torch.no_grad():
-            row = dict(layer=name, shape=list(shape), fwd_us=host_us(fwd))
-        if step is not None:
-            row["step_us"] = host_us(step)
+            with torch.no_grad():
+                row["fwd" + key + "_us"] = host_us(lambda model=model: model(x), n=40 // n + 1) / n
+            row["step" + key + "_us"] = host_us(lambda model=model, xg=xg: model(xg).backward(gy), n=40 // n + 1) / n
         rows.append(row)
     return rows
 
 
 def host_table(rows) -> str:
     shape = "x".join(map(str, rows[0]["shape"])) if rows else ""
-    out = [f"Host time of one eager call, GPU queue busy ({shape} fp32, µs)", "",
-           "| layer | forward (no grad) | forward + backward |", "|---|---|---|"]
-    out += [f"| {r['layer']} | {r['fwd_us']:.1f} | {r['step_us']:.1f} |" if "step_us" in r
-            else f"| {r['layer']} | {r['fwd_us']:.1f} | |" for r in rows]
+    out = [f"Host time of one eager call, GPU queue busy ({shape} fp32, µs): alone, and per layer in a chain", "",
+           "| layer | forward (no grad) | in a chain | forward + backward | in a chain |", "|---|---|---|---|---|"]
+    for r in rows:
+        cells = [f"{r[k]:.1f}" if k in r else "" for k in ("fwd_us", "fwd_chain_us", "step_us", "step_chain_us")]
+        out.append(f"| {r['layer']} | " + " | ".join(cells) + " |")
     return "\n".join(out)
 
 
