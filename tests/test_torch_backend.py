@@ -99,7 +99,7 @@ def cases(draw):
         name=name, B=B, C=C, T=T,
         dtype=draw(st.sampled_from(ALL_DTYPES)),
         layout=draw(st.sampled_from(LAYOUTS)),
-        affine=draw(st.sampled_from(["none", "weight", "both"])),
+        affine=draw(st.sampled_from(["none", "weight", "bias", "both"])),
         lengths=draw(st.none() | st.lists(st.integers(0, T), min_size=B, max_size=B)),
         eps_mode=(eps_mode := draw(st.sampled_from(["inside", "outside"]))),
         # outside the sqrt a zero-variance group (C = 1 pooled over one frame) turns the float64
@@ -130,6 +130,8 @@ def _materialize(c):
         w = b = None
     elif c["affine"] == "weight":
         b = None
+    elif c["affine"] == "bias":
+        w = None
     kw = dict(layout=layout, eps_mode=c["eps_mode"])
     if c["lengths"] is not None:
         kw["lengths"] = torch.tensor(c["lengths"])
@@ -287,6 +289,18 @@ def test_gradcheck(name, with_state, with_lengths, eps_mode):
         return (y, *s)
 
     assert torch.autograd.gradcheck(fn, inputs, eps=1e-6, atol=1e-6, rtol=1e-4)
+
+
+@pytest.mark.parametrize("affine", ["weight", "bias"])
+@pytest.mark.parametrize("name", NORMS)
+def test_gradcheck_one_affine_parameter(name, affine):
+    """gamma alone or beta alone (the functional API takes either): a training path that saves x-hat keeps it
+    apart from y = gamma x-hat + beta however many of the two there are."""
+    x = make_x(2, 4, 6, dtype=F64, offset=0.2).requires_grad_()
+    w, b = make_affine(4, F64)
+    p = (w if affine == "weight" else b).requires_grad_()
+    fn = (lambda x, p: run(name, x, p, None)) if affine == "weight" else (lambda x, p: run(name, x, None, p))
+    assert torch.autograd.gradcheck(fn, [x, p], eps=1e-6, atol=1e-6, rtol=1e-4)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=_layout_id)

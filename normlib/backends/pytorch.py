@@ -574,6 +574,9 @@ def _native(x, weight, bias, per_channel, decay, eps):
         K = xs[:, :1].detach().transpose(1, 2)
         xt = xt - K if xt.is_contiguous() else xt.contiguous().sub_(K)  # the copy LayerNorm would make: ours
         return F.layer_norm(xt, (C,), weight, bias, eps).transpose(1, 2).to(x.dtype)
+    if weight is None and bias is not None:  # GroupNorm's backward fails on beta without gamma (torch 2.13:
+        # "tensor does not have a device"): beta added after it
+        return _native(x, None, None, per_channel, decay, eps).add(bias[:, None].to(x.dtype))
     groups = C if per_channel else 1
     if x.device.type == "cpu" and not torch.compiler.is_compiling():  # as FRAME's (a traced bool breaks)
         y, mean, rstd = torch.native_group_norm(xs.contiguous(), weight, bias, B, C, T, groups, eps)  # as F.group_norm
@@ -712,7 +715,8 @@ def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mod
     if keep is not None:  # _PooledNorm's backward: xhat, its own tensor (y is gamma xhat + beta, the same steps)
         xhat = _normalize(dev, mu_sd, r, None, None, True)
         keep.update(xhat=xhat, mu=s.m, var=var, W=s.w)
-        y = _normalize(xhat if weight is None else xhat * weight[:, None], None, None, None, bias, True)
+        y = xhat if weight is None else xhat * weight[:, None]
+        y = _normalize(y, None, None, None, bias, y is not xhat)  # never written over xhat
     else:
         y = _normalize(dev, mu_sd, r, weight, bias, inplace)
     y = (y if valid is None else torch.where(valid, y, 0)).to(x.dtype)
