@@ -111,6 +111,32 @@ def test_compile_fullgraph_matches_eager(strip):
         assert rel_err(p.grad, g) < 1e-4
 
 
+@pytest.mark.parametrize("layout", ["b c t", "b t c"])
+@pytest.mark.parametrize("name", ["cln", "ccln", "gln", "frameln"])
+def test_dynamic_shapes_give_the_ops_short_launch_choices(name, layout, monkeypatch):
+    """Under dynamic=True the launch choices the ops take are ints but for the spans, which stay short expressions
+    of T and B: next_power_of_2 of a symbolic T was some 30 nested terms, repeated in every choice made of it (a
+    tile list of thousands of characters; on the H100 a forward + backward trace had not finished after 100 s)."""
+    seen = []
+    forward = tb.launch.forward
+
+    def spy(*args, **kw):
+        seen.append(kw["tiles"])
+        return forward(*args, **kw)
+
+    monkeypatch.setattr(tb.launch, "forward", spy)
+    torch._dynamo.reset()
+    layer = normlib.create(name, 8, backend="triton", layout=layout)
+    compiled = torch.compile(layer, dynamic=True, backend="aot_eager", fullgraph=True)
+    for T in (40, 77):
+        x = torch.randn((2, 8, T) if layout == "b c t" else (2, T, 8), requires_grad=True)
+        compiled(x).sum().backward()
+    symbolic = [t for tiles in seen for t in tiles if type(t) is not int]
+    assert symbolic  # the fake calls saw T as a symbol
+    assert all(len(str(t)) < 200 for t in symbolic), max(map(str, symbolic), key=len)[:300]
+    assert {i for tiles in seen for i, t in enumerate(tiles) if type(t) is not int} <= {4, 13}  # the spans
+
+
 @pytest.mark.parametrize("name,graphs", [("cln", 1), ("ccln", 2)])
 def test_dynamic_shapes_compile_once_over_many_lengths(name, graphs):
     """torch.compile(dynamic=True): launch choices on a symbolic T guard only on ranges of T (ccln: whether its

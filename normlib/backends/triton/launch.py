@@ -156,7 +156,7 @@ def choose_tiles(C, T, per_channel, channels_last, device, mode=CUMULATIVE, elem
     step, times a copy's, 32 -> 64 -> 128 frames: cln fp32 (80, 64, 301)
     3.46 / 12.8 -> 2.94 / 10.5 -> 2.66 / 9.5, (64, 128, 500) bf16 3.97 / 15.4 -> 3.66 / 15.2 -> 3.18 /
     12.8; (4, 512, 4000) 2.50 / 8.0 -> 2.09 / 6.9 -> 2.27 / 7.1)."""
-    c2, t2 = triton.next_power_of_2(max(C, 1)), triton.next_power_of_2(max(T, 1))
+    c2 = triton.next_power_of_2(max(C, 1))
     # per-channel "b t c" running norms walk segments (strip_for) on one warp, whose 32 lanes each load 16
     # bytes of channels (4 fp32, 8 in 16 bits) and hold all the tile's frames of them, so that no scan
     # crosses lanes: [128, 8] in fp32 (ccln forward 3.27 -> 2.14 warp-instructions per element, ccemaln
@@ -169,25 +169,37 @@ def choose_tiles(C, T, per_channel, channels_last, device, mode=CUMULATIVE, elem
     if per_channel:
         if channels_last and mode in (CUMULATIVE, EMA):  # SEG walks: each thread holds its channels' frames
             vec = 16 // elem_size
-            block_c, block_t, warps = min(32 * vec, c2), min(t2, 32 // vec if c2 >= 16 * vec else 8), 1
+            block_c, block_t, warps = min(32 * vec, c2), _pow2_min(T, 32 // vec if c2 >= 16 * vec else 8), 1
         elif channels_last:  # rows of 128 bytes (instln bf16 (16, 512, 16000) [32, 64] -> [64, 64]: forward
             # 739 -> 539 µs, backward 545 -> 508)
-            block_c, block_t = min(128 // elem_size, c2), min(t2, 64)
+            block_c, block_t = min(128 // elem_size, c2), _pow2_min(T, 64)
         else:
             grow = 2 if mode == GLOBAL else 1
-            block_c, block_t = min(4 * grow, c2), min(t2, 128 * grow)
+            block_c, block_t = min(4 * grow, c2), _pow2_min(T, 128 * grow)
     elif channels_last:  # short sequences: longer tiles, a shorter chain to wait on
         frames = 32 if mode == FRAME or T > 4096 else 64 if T > 512 else 128
-        block_c, block_t = min(c2, 128), min(t2, frames)
+        block_c, block_t = min(c2, 128), _pow2_min(T, frames)
     elif mode == FRAME:
-        block_c, block_t = min(c2, 128), min(t2, 128 // elem_size)
+        block_c, block_t = min(c2, 128), _pow2_min(T, 128 // elem_size)
     else:
-        block_c, block_t = min(c2, 128), min(t2, 64)
+        block_c, block_t = min(c2, 128), _pow2_min(T, 64)
     if "block_c" in _OVERRIDE or "block_t" in _OVERRIDE:  # forced tiles: warps by their size, unless forced too
         warps = None
     block_c = _OVERRIDE.get("block_c", block_c)
     block_t = _OVERRIDE.get("block_t", block_t)
     return block_c, block_t, _OVERRIDE.get("warps", warps or (8 if block_c * block_t > 8192 else 4))
+
+
+def _pow2_min(n, cap: int) -> int:
+    """min(next_power_of_2(max(n, 1)), cap), cap a power of 2; for a symbolic n (torch.compile's dynamic shapes)
+    cap, without a guard (a longer tile is masked): triton.next_power_of_2 of it was a sympy expression of some 30
+    nested terms, which every launch choice made of it repeated (tile lists of thousands of characters, and a
+    backward trace that had not finished after 100 s on the H100). Under dynamo a symbolic size passes
+    isinstance(n, int), so both take the comparisons, of which statically_known_true settles only the concrete."""
+    p = cap
+    while p > 1 and statically_known_true(n <= p // 2):
+        p //= 2
+    return p
 
 
 def window_for(per_channel, n_seq, num_sms) -> int:
@@ -200,8 +212,7 @@ def window_for(per_channel, n_seq, num_sms) -> int:
     (ccln (2, 256, 64000) "b t c": 511 µs at 4, 764 at 32)."""
     if per_channel:
         return 4
-    in_flight = triton.next_power_of_2(max(1, 2 * num_sms // max(1, n_seq)))
-    return min(max(in_flight, 32), 128)
+    return max(_pow2_min(max(1, 2 * num_sms // max(1, n_seq)), 128), 32)
 
 
 def strip_for(mode, n_seq, n_tiles, per_channel, channels_last, num_sms, nbytes) -> tuple[int, int]:
@@ -301,7 +312,7 @@ def choose_launch(B, C, T, per_channel, channels_last, mode, num_sms, nbytes, el
     rows = row_walk(B, C, T, per_channel, channels_last, mode, num_sms, nbytes, elem_size)
     if rows:
         bc_b = _OVERRIDE.get("block_c", 1)
-        bt = _OVERRIDE.get("block_t", min(triton.next_power_of_2(T), ROW_WALK_T))
+        bt = _OVERRIDE.get("block_t", _pow2_min(T, ROW_WALK_T))
         warps = _OVERRIDE.get("warps", 4)
     bc = bc_b
     if mode == FRAME and not per_channel and not channels_last:  # forward: 8192 values a tile, whatever the dtype
