@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from ..state import NormState, merge
+from . import cpu
 
 _SCALE_BITS = 256  # a block of a decayed cumsum scales its terms by at most 2**256 (float64 reaches 2**1023)
 
@@ -512,6 +513,70 @@ class _PooledNorm(torch.autograd.Function):
         return dx.to(ctx.x_dtype), dw, _bias_grad(ctx, gy), None, None, None
 
 
+_EMPTY = np.empty(0)
+_CPU_DTYPES = (torch.float32, torch.float64)
+
+
+def _on_cpu_loops(x, weight, bias) -> bool:
+    """Whether a pooled running norm of whole sequences takes the compiled CPU loops (backends/cpu.py): plain
+    float32 or float64 CPU tensors, eagerly."""
+    return cpu.AVAILABLE and x.device.type == "cpu" and x.dtype in _CPU_DTYPES and type(x) is torch.Tensor \
+        and all(t is None or t.device.type == "cpu" and t.dtype in _CPU_DTYPES for t in (weight, bias)) \
+        and not torch.compiler.is_compiling()
+
+
+def _cpu_arrays(x):
+    """x's (B, C, T) view as the loops' arrays: (B, T, C) where channels are contiguous ("b t c"), else (B, C, T)
+    (copied where neither is contiguous); and that orientation."""
+    tc = not x.is_contiguous() and x.transpose(1, 2).is_contiguous()
+    return (x.transpose(1, 2) if tc else x.contiguous()), tc
+
+
+def _affine64(t):
+    return _EMPTY if t is None else t.detach().numpy().astype(np.float64)
+
+
+def _cpu_forward(x, weight, bias, decay, eps, eps_mode):
+    """y, and the arrays its backward reads: the running mean and variance of every frame."""
+    B, C, T = x.shape
+    xv, tc = _cpu_arrays(x.detach())
+    y = torch.empty(xv.shape, dtype=x.dtype)
+    mus, var = np.empty((B, T)), np.empty((B, T))
+    cpu.forward(xv.numpy(), _affine64(weight), _affine64(bias), float(decay), float(eps), eps_mode == "inside", tc,
+                y.numpy(), mus, var)
+    return (y.transpose(1, 2) if tc else y), mus, var
+
+
+class _CpuPooled(torch.autograd.Function):
+    """_PooledNorm's case on the CPU: the forward and backward of backends/cpu.py, a few passes each, in place of
+    some forty torch ops each way (a CPU's cost of a small layer is its op count)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, decay, eps, eps_mode):
+        y, mus, var = _cpu_forward(x, weight, bias, decay, eps, eps_mode)
+        ctx.save_for_backward(x, weight)
+        ctx.stats = (mus, var, decay, eps, eps_mode)
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, gy):
+        x, weight = ctx.saved_tensors
+        mus, var, decay, eps, eps_mode = ctx.stats
+        xv, tc = _cpu_arrays(x.detach())
+        gv = gy.transpose(1, 2).contiguous() if tc else gy.contiguous()
+        gv = gv.to(x.dtype)
+        dx = torch.empty(xv.shape, dtype=x.dtype)
+        C = x.shape[1]
+        dw, db = np.zeros(C), np.zeros(C)
+        cpu.backward(xv.numpy(), gv.numpy(), _affine64(weight), mus, var, float(decay), float(eps),
+                     eps_mode == "inside", tc, dx.numpy(), dw, db)
+        dw = torch.from_numpy(dw).to(weight.dtype) if weight is not None and ctx.needs_input_grad[1] else None
+        db = torch.from_numpy(db).to(ctx.bias_dtype) if ctx.needs_input_grad[2] else None
+        return (dx.transpose(1, 2) if tc else dx), dw, db, None, None, None
+
+
 def _grad(x, weight, bias, state) -> bool:
     """Whether autograd records this call."""
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad
@@ -630,6 +695,11 @@ def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mod
         return _one_frame(x, weight, bias, state, per_channel=per_channel, decay=decay, eps=eps, eps_mode=eps_mode)
     if B and C and T and lengths is None and per_channel and decay:
         return _running_chan(x, weight, bias, state, decay, eps, eps_mode, return_state)
+    if B and C and T and lengths is None and decay and state is None and not return_state and keep is None \
+            and _on_cpu_loops(x, weight, bias):
+        if _grad(x, weight, bias, state):
+            return _CpuPooled.apply(x, weight, bias, decay, eps, eps_mode), None
+        return _cpu_forward(x, weight, bias, decay, eps, eps_mode)[0], None
     if B and C and T and lengths is None and decay and state is None and not return_state and keep is None \
             and not torch.compiler.is_compiling() and _grad(x, weight, bias, state):
         return _PooledNorm.apply(x, weight, bias, decay, eps, eps_mode), None

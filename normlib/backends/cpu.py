@@ -1,0 +1,210 @@
+"""Compiled CPU loops (numba) for the PyTorch backend's most common call: a pooled running norm (cln, emaln) of
+whole sequences, forward and backward, on float32 or float64 CPU tensors.
+
+A torch op costs a CPU several microseconds whatever its size, and the general path takes some forty of them
+forward and as many backward: at a small model's sizes ((2, 64, 499) a layer) that count, not the arithmetic,
+was the layer's time. Here a sequence is two or three passes: each frame's sum and squares about its mean
+(float64), Welford's recurrence over the frames (the same merge as the general path, in float64, shifted by
+K, frame 0's mean), then y. The backward is the formula of ``_PooledNorm`` (docs/backward.md) in two passes.
+
+A sequence is a 2-D array in one of two orientations: ``(C, T)`` with time contiguous ("b c t") or ``(T, C)``
+with channels contiguous ("b t c"); each has its own loops, so that the inner loop always runs over
+contiguous memory. ``AVAILABLE`` is False where numba is not installed: the backend then keeps its torch path.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+try:
+    import numba
+except ImportError:  # pragma: no cover (numba is a dependency; a broken install keeps the torch path)
+    numba = None
+
+AVAILABLE = numba is not None
+_TINY = float(np.finfo(np.float64).tiny)
+# reassociation lets the compiler vectorize the sums; no 'nnan' / 'ninf': NaNs and infinities propagate as in torch
+_OPTS = dict(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc", "contract", "nsz"})
+
+
+def _jit(f):
+    return numba.njit(**_OPTS)(f) if AVAILABLE else f
+
+
+@_jit
+def _rstd(var, eps, inside):
+    return 1.0 / math.sqrt(var + eps) if inside else 1.0 / (math.sqrt(max(var, _TINY)) + eps)
+
+
+@_jit
+def _welford(W, mu, M2, m, q, n, d):
+    """One frame of n values (mean m, squares about it q), all relative to K, merged into (W, mu, M2)."""
+    dW = d * W
+    Wn = dW + n
+    delta = m - mu
+    a = delta * (n / Wn)
+    return Wn, mu + a, d * M2 + q + delta * a * dW
+
+
+@_jit
+def _var(M2, W):
+    # a statistic of one value (C = 1, frame 0): var 1, as the general path's _live, so that y is 0 and dx finite
+    return M2 / W if W > 1.0 else 1.0
+
+
+@_jit
+def forward(x, w, b, d, eps, inside, tc, y, mus, vars_):
+    """y of x ((B, C, T) as (B, C, T) arrays, or (B, T, C) where ``tc``); w, b: (C,) float64 or empty; the
+    running mean (relative to K) and variance of each frame into mus, vars_ (B, T) float64."""
+    B = x.shape[0]
+    C = x.shape[2] if tc else x.shape[1]
+    T = x.shape[1] if tc else x.shape[2]
+    for bi in range(B):
+        xb, yb, mb, vb = x[bi], y[bi], mus[bi], vars_[bi]
+        K = 0.0
+        for c in range(C):
+            K += xb[0, c] if tc else xb[c, 0]
+        K /= C
+        W = mu = M2 = 0.0
+        if tc:  # frame after frame: each row is read from memory once
+            for t in range(T):
+                row = xb[t]
+                s = 0.0
+                for c in range(C):
+                    s += row[c]
+                mk = s / C
+                q = 0.0
+                for c in range(C):
+                    v = row[c] - mk
+                    q += v * v
+                W, mu, M2 = _welford(W, mu, M2, mk - K, q, C, d)
+                var = _var(M2, W)
+                mb[t], vb[t] = mu, var
+                r, xm = _rstd(var, eps, inside), mu + K
+                out = yb[t]
+                if w.size and b.size:
+                    for c in range(C):
+                        out[c] = (row[c] - xm) * r * w[c] + b[c]
+                elif w.size:
+                    for c in range(C):
+                        out[c] = (row[c] - xm) * r * w[c]
+                else:
+                    for c in range(C):
+                        out[c] = (row[c] - xm) * r + (b[c] if b.size else 0.0)
+        else:  # channel rows: sums over C accumulate into per-frame arrays
+            s = np.zeros(T)
+            for c in range(C):
+                row = xb[c]
+                for t in range(T):
+                    s[t] += row[t]
+            mk = s / C
+            q = np.zeros(T)
+            for c in range(C):
+                row = xb[c]
+                for t in range(T):
+                    v = row[t] - mk[t]
+                    q[t] += v * v
+            r = np.empty(T)
+            xm = np.empty(T)
+            for t in range(T):
+                W, mu, M2 = _welford(W, mu, M2, mk[t] - K, q[t], C, d)
+                var = _var(M2, W)
+                mb[t], vb[t] = mu, var
+                r[t], xm[t] = _rstd(var, eps, inside), mu + K
+            for c in range(C):
+                row, out = xb[c], yb[c]
+                g = w[c] if w.size else 1.0
+                bb = b[c] if b.size else 0.0
+                for t in range(T):
+                    out[t] = (row[t] - xm[t]) * (r[t] * g) + bb
+
+
+@_jit
+def _frame_terms(var, mu, S, A, W, eps, inside):
+    """A frame's r and the terms of the reverse scans: 2 G / W and (M - 2 G mu) / W, where dx = g r + U + (x - K) V."""
+    if inside:
+        r = 1.0 / math.sqrt(var + eps)
+        half = -0.5 * r * r
+    else:
+        sig = math.sqrt(max(var, _TINY))
+        r = 1.0 / (sig + eps)
+        half = 0.0 if var < _TINY else -0.5 * r / sig
+    G2 = 2.0 * half * S if W > 1.0 else 0.0
+    return r, G2 / W, (-r * A - G2 * mu) / W
+
+
+@_jit
+def backward(x, gy, w, mus, vars_, d, eps, inside, tc, dx, dw, db):
+    """dx (x's arrays), and dL/dgamma, dL/dbeta added into dw, db ((C,) float64, zeroed by the caller)."""
+    B = x.shape[0]
+    C = x.shape[2] if tc else x.shape[1]
+    T = x.shape[1] if tc else x.shape[2]
+    for bi in range(B):
+        xb, gb, db_, mb, vb = x[bi], gy[bi], dx[bi], mus[bi], vars_[bi]
+        K = 0.0
+        for c in range(C):
+            K += xb[0, c] if tc else xb[c, 0]
+        K /= C
+        A = np.zeros(T)
+        S = np.zeros(T)
+        r = np.empty(T)
+        for t in range(T):
+            r[t] = _rstd(vb[t], eps, inside)
+        if tc:
+            for t in range(T):
+                row, grow = xb[t], gb[t]
+                xm, rt = mb[t] + K, r[t]
+                a = s = 0.0
+                for c in range(C):
+                    g = grow[c]
+                    xh = (row[c] - xm) * rt
+                    gg = g * w[c] if w.size else g
+                    a += gg
+                    s += gg * xh
+                    dw[c] += g * xh
+                    db[c] += g
+                A[t], S[t] = a, s
+        else:
+            for c in range(C):
+                row, grow = xb[c], gb[c]
+                wc = w[c] if w.size else 1.0
+                sw = sb = 0.0
+                for t in range(T):
+                    g = grow[t]
+                    xh = (row[t] - mb[t] - K) * r[t]
+                    A[t] += wc * g
+                    S[t] += wc * g * xh
+                    sw += g * xh
+                    sb += g
+                dw[c] += sw
+                db[c] += sb
+        # W_t = d W_(t-1) + C, forward; then U and V, reverse decayed cumsums, walked back
+        Ws = np.empty(T)
+        W = 0.0
+        for t in range(T):
+            W = d * W + C
+            Ws[t] = W
+        u = v = 0.0
+        if tc:
+            for t in range(T - 1, -1, -1):
+                rt, gv, gu = _frame_terms(vb[t], mb[t], S[t], A[t], Ws[t], eps, inside)
+                v = v * d + gv
+                u = u * d + gu
+                row, grow, out = xb[t], gb[t], db_[t]
+                for c in range(C):
+                    gg = grow[c] * w[c] if w.size else grow[c]
+                    out[c] = gg * rt + u + (row[c] - K) * v
+        else:
+            U = np.empty(T)
+            V = np.empty(T)
+            for t in range(T - 1, -1, -1):
+                rt, gv, gu = _frame_terms(vb[t], mb[t], S[t], A[t], Ws[t], eps, inside)
+                v = v * d + gv
+                u = u * d + gu
+                U[t], V[t] = u, v
+            for c in range(C):
+                row, grow, out = xb[c], gb[c], db_[c]
+                wc = w[c] if w.size else 1.0
+                for t in range(T):
+                    out[t] = wc * grow[t] * r[t] + U[t] + (row[t] - K) * V[t]
