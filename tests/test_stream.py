@@ -251,6 +251,7 @@ def test_a_non_causal_norm_is_refused_by_name(name):
         normlib.stream(lambda x: x)
 
 
+@torch.no_grad()  # the same path with and without a state: on the CPU, autograd with one takes the general path
 def test_outside_the_context_nothing_changes():
     model = Net("emaln")
     x = make_x(2, 5, 9, dtype=F64)

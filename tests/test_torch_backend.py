@@ -951,3 +951,61 @@ def test_a_few_frames_of_a_per_channel_norm_give_beta_where_a_channel_has_one_va
         assert_rel(y, ref("ccln", x, w, b, eps, state=state, eps_mode=eps_mode), TOL[F64], "ccln y")
     assert len(taken) == 2
 
+
+
+def _strided(x, how):
+    """x's values in another memory order: "b t c" storage, or every other frame of a longer tensor."""
+    if how == "channels-last":
+        return x.transpose(1, 2).contiguous().transpose(1, 2)
+    if how == "gapped":
+        return torch.stack([x, torch.zeros_like(x)], -1).flatten(-2)[..., ::2]
+    return x
+
+
+@pytest.mark.parametrize("how", ["contiguous", "channels-last", "gapped"])
+@pytest.mark.parametrize("eps_mode", ["inside", "outside"])
+@pytest.mark.parametrize("name", ["cln", "emaln"])
+@pytest.mark.parametrize("shape", [(2, 5, 17), (1, 1, 9), (3, 4, 1), (1, 3, 70)], ids=str)
+def test_cpu_loops_match_the_general_path(name, shape, eps_mode, how, monkeypatch):
+    """The compiled CPU loops (backends/cpu.py) against the torch ops they replace, forward and every gradient,
+    with a state in and out where autograd allows it (a state's gradients stay on the general path), DC offset
+    1e4; and the loops are the path taken."""
+    from normlib.backends import cpu
+    if not cpu.AVAILABLE:
+        pytest.skip("numba is not installed")
+    gen = torch.Generator().manual_seed(sum(shape))
+    B, C, T = shape
+    x0 = _strided(make_x(B, C, T, generator=gen, offset=1e4), how)
+    w, b = make_affine(C, F32, gen)
+    state = make_state(name, B, C, generator=gen)
+    gy = torch.randn(shape, generator=gen)
+    calls = []
+    real = cpu.forward
+
+    def counted(*a):
+        calls.append(1)
+        return real(*a)
+
+    def both(**kw):
+        out = []
+        for loops in (True, False):
+            monkeypatch.setattr(cpu, "AVAILABLE", loops)
+            monkeypatch.setattr(cpu, "forward", counted if loops else real)
+            x, wi, bi = (t.clone().requires_grad_() for t in (x0, w, b))
+            y, s = run(name, x, wi, bi, 1e-5, eps_mode=eps_mode, return_state=True, **kw) if kw else \
+                (run(name, x, wi, bi, 1e-5, eps_mode=eps_mode), None)
+            y.backward(gy)
+            out.append((y, x.grad, wi.grad, bi.grad))
+            with torch.no_grad():
+                out[-1] += run(name, x0, w, b, 1e-5, eps_mode=eps_mode, return_state=True, state=state)
+        return out
+
+    n0 = len(calls)
+    (y, dx, dw, db, ys, s), (y_, dx_, dw_, db_, ys_, s_) = both()
+    short = T == 1 or B == 1 and T <= pytorch_backend.FEW_FRAMES  # a streaming hop's own short paths
+    assert len(calls) - n0 == (1 if short else 2)  # the training call, and the streaming one
+    for a, r, what in ((y, y_, "y"), (dx, dx_, "dx"), (dw, dw_, "dweight"), (db, db_, "dbias"), (ys, ys_, "y, state")):
+        assert_rel(a, r, 2e-6, what, floor=1e-3)
+    for a, r, what in zip(s, s_, ("w", "m", "m2")):
+        assert a.dtype == r.dtype == F64
+        assert_rel(a, r, 1e-6, what, floor=1e-3)

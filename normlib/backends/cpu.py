@@ -54,9 +54,10 @@ def _var(M2, W):
 
 
 @_jit
-def forward(x, w, b, d, eps, inside, tc, y, mus, vars_):
+def forward(x, w, b, d, eps, inside, tc, y, mus, vars_, state, final):
     """y of x ((B, C, T) as (B, C, T) arrays, or (B, T, C) where ``tc``); w, b: (C,) float64 or empty; the
-    running mean (relative to K) and variance of each frame into mus, vars_ (B, T) float64."""
+    running mean (relative to K) and variance of each frame into mus, vars_ (B, T) float64. ``state``: the
+    incoming (w, m, M2), (3, B) float64, zeros for none; ``final``: the state after the last frame, (3, B)."""
     B = x.shape[0]
     C = x.shape[2] if tc else x.shape[1]
     T = x.shape[1] if tc else x.shape[2]
@@ -66,7 +67,8 @@ def forward(x, w, b, d, eps, inside, tc, y, mus, vars_):
         for c in range(C):
             K += xb[0, c] if tc else xb[c, 0]
         K /= C
-        W = mu = M2 = 0.0
+        W, M2 = state[0, bi], state[2, bi]
+        mu = state[1, bi] - K if W > 0 else 0.0  # an empty state's mean is no value: frame 0's mean is exact
         if tc:  # frame after frame: each row is read from memory once
             for t in range(T):
                 row = xb[t]
@@ -82,16 +84,16 @@ def forward(x, w, b, d, eps, inside, tc, y, mus, vars_):
                 var = _var(M2, W)
                 mb[t], vb[t] = mu, var
                 r, xm = _rstd(var, eps, inside), mu + K
-                out = yb[t]
+                yr = yb[t]
                 if w.size and b.size:
                     for c in range(C):
-                        out[c] = (row[c] - xm) * r * w[c] + b[c]
+                        yr[c] = (row[c] - xm) * r * w[c] + b[c]
                 elif w.size:
                     for c in range(C):
-                        out[c] = (row[c] - xm) * r * w[c]
+                        yr[c] = (row[c] - xm) * r * w[c]
                 else:
                     for c in range(C):
-                        out[c] = (row[c] - xm) * r + (b[c] if b.size else 0.0)
+                        yr[c] = (row[c] - xm) * r + (b[c] if b.size else 0.0)
         else:  # channel rows: sums over C accumulate into per-frame arrays
             s = np.zeros(T)
             for c in range(C):
@@ -113,11 +115,12 @@ def forward(x, w, b, d, eps, inside, tc, y, mus, vars_):
                 mb[t], vb[t] = mu, var
                 r[t], xm[t] = _rstd(var, eps, inside), mu + K
             for c in range(C):
-                row, out = xb[c], yb[c]
+                row, yr = xb[c], yb[c]
                 g = w[c] if w.size else 1.0
                 bb = b[c] if b.size else 0.0
                 for t in range(T):
-                    out[t] = (row[t] - xm[t]) * (r[t] * g) + bb
+                    yr[t] = (row[t] - xm[t]) * (r[t] * g) + bb
+        final[0, bi], final[1, bi], final[2, bi] = W, mu + K, M2
 
 
 @_jit

@@ -536,15 +536,19 @@ def _affine64(t):
     return _EMPTY if t is None else t.detach().numpy().astype(np.float64)
 
 
-def _cpu_forward(x, weight, bias, decay, eps, eps_mode):
-    """y, and the arrays its backward reads: the running mean and variance of every frame."""
+def _cpu_forward(x, weight, bias, decay, eps, eps_mode, state=None):
+    """y, the state after the last frame (a NormState of (B,) float64), and the arrays its backward reads: the
+    running mean and variance of every frame."""
     B, C, T = x.shape
     xv, tc = _cpu_arrays(x.detach())
     y = torch.empty(xv.shape, dtype=x.dtype)
     mus, var = np.empty((B, T)), np.empty((B, T))
+    inc = np.zeros((3, B)) if state is None else \
+        np.stack([t.detach().reshape(B).to(torch.float64).numpy() for t in state])
+    final = torch.empty(3, B, dtype=torch.float64)
     cpu.forward(xv.numpy(), _affine64(weight), _affine64(bias), float(decay), float(eps), eps_mode == "inside", tc,
-                y.numpy(), mus, var)
-    return (y.transpose(1, 2) if tc else y), mus, var
+                y.numpy(), mus, var, inc, final.numpy())
+    return (y.transpose(1, 2) if tc else y), NormState(*final), mus, var
 
 
 class _CpuPooled(torch.autograd.Function):
@@ -553,7 +557,7 @@ class _CpuPooled(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, decay, eps, eps_mode):
-        y, mus, var = _cpu_forward(x, weight, bias, decay, eps, eps_mode)
+        y, _, mus, var = _cpu_forward(x, weight, bias, decay, eps, eps_mode)
         ctx.save_for_backward(x, weight)
         ctx.stats = (mus, var, decay, eps, eps_mode)
         ctx.bias_dtype = None if bias is None else bias.dtype
@@ -695,11 +699,12 @@ def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mod
         return _one_frame(x, weight, bias, state, per_channel=per_channel, decay=decay, eps=eps, eps_mode=eps_mode)
     if B and C and T and lengths is None and per_channel and decay:
         return _running_chan(x, weight, bias, state, decay, eps, eps_mode, return_state)
-    if B and C and T and lengths is None and decay and state is None and not return_state and keep is None \
-            and _on_cpu_loops(x, weight, bias):
-        if _grad(x, weight, bias, state):
+    if B and C and T and lengths is None and decay and keep is None and _on_cpu_loops(x, weight, bias):
+        if not _grad(x, weight, bias, state):
+            y, out, *_ = _cpu_forward(x, weight, bias, decay, eps, eps_mode, state)
+            return y, out if return_state else None
+        if state is None and not return_state:  # a state's gradients are the general path's
             return _CpuPooled.apply(x, weight, bias, decay, eps, eps_mode), None
-        return _cpu_forward(x, weight, bias, decay, eps, eps_mode)[0], None
     if B and C and T and lengths is None and decay and state is None and not return_state and keep is None \
             and not torch.compiler.is_compiling() and _grad(x, weight, bias, state):
         return _PooledNorm.apply(x, weight, bias, decay, eps, eps_mode), None
