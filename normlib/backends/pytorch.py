@@ -536,19 +536,23 @@ def _affine64(t):
     return _EMPTY if t is None else t.detach().numpy().astype(np.float64)
 
 
+def _from64(a, dtype):
+    """A float64 array as a tensor of ``dtype`` (numpy's cast: a torch op costs more at these sizes)."""
+    return torch.from_numpy(a if dtype == torch.float64 else a.astype(_NUMPY[dtype]))
+
+
 def _cpu_forward(x, weight, bias, decay, eps, eps_mode, state=None):
-    """y, the state after the last frame (a NormState of (B,) float64), and the arrays its backward reads: the
+    """y, the state after the last frame ((3, B) float64: w, m, M2), and the arrays its backward reads: the
     running mean and variance of every frame."""
     B, C, T = x.shape
     xv, tc = _cpu_arrays(x.detach())
     y = torch.empty(xv.shape, dtype=x.dtype)
-    mus, var = np.empty((B, T)), np.empty((B, T))
+    mus, var, final = np.empty((B, T)), np.empty((B, T)), np.empty((3, B))
     inc = np.zeros((3, B)) if state is None else \
         np.stack([t.detach().reshape(B).to(torch.float64).numpy() for t in state])
-    final = torch.empty(3, B, dtype=torch.float64)
     cpu.forward(xv.numpy(), _affine64(weight), _affine64(bias), float(decay), float(eps), eps_mode == "inside", tc,
-                y.numpy(), mus, var, inc, final.numpy())
-    return (y.transpose(1, 2) if tc else y), NormState(*final), mus, var
+                y.numpy(), mus, var, inc, final)
+    return (y.transpose(1, 2) if tc else y), final, mus, var
 
 
 class _CpuPooled(torch.autograd.Function):
@@ -569,15 +573,15 @@ class _CpuPooled(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         mus, var, decay, eps, eps_mode = ctx.stats
         xv, tc = _cpu_arrays(x.detach())
-        gv = gy.transpose(1, 2).contiguous() if tc else gy.contiguous()
-        gv = gv.to(x.dtype)
+        gv = gy.transpose(1, 2) if tc else gy
+        gv = (gv if gv.dtype == x.dtype else gv.to(x.dtype)).contiguous()
         dx = torch.empty(xv.shape, dtype=x.dtype)
         C = x.shape[1]
         dw, db = np.zeros(C), np.zeros(C)
         cpu.backward(xv.numpy(), gv.numpy(), _affine64(weight), mus, var, float(decay), float(eps),
                      eps_mode == "inside", tc, dx.numpy(), dw, db)
-        dw = torch.from_numpy(dw).to(weight.dtype) if weight is not None and ctx.needs_input_grad[1] else None
-        db = torch.from_numpy(db).to(ctx.bias_dtype) if ctx.needs_input_grad[2] else None
+        dw = _from64(dw, weight.dtype) if weight is not None and ctx.needs_input_grad[1] else None
+        db = _from64(db, ctx.bias_dtype) if ctx.needs_input_grad[2] else None
         return (dx.transpose(1, 2) if tc else dx), dw, db, None, None, None
 
 
@@ -702,7 +706,7 @@ def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mod
     if B and C and T and lengths is None and decay and keep is None and _on_cpu_loops(x, weight, bias):
         if not _grad(x, weight, bias, state):
             y, out, *_ = _cpu_forward(x, weight, bias, decay, eps, eps_mode, state)
-            return y, out if return_state else None
+            return y, NormState(*torch.from_numpy(out)) if return_state else None
         if state is None and not return_state:  # a state's gradients are the general path's
             return _CpuPooled.apply(x, weight, bias, decay, eps, eps_mode), None
     if B and C and T and lengths is None and decay and state is None and not return_state and keep is None \
