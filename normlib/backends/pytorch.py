@@ -548,11 +548,18 @@ def _cpu_forward(x, weight, bias, decay, eps, eps_mode, state=None):
     xv, tc = _cpu_arrays(x.detach())
     y = torch.empty(xv.shape, dtype=x.dtype)
     mus, var, final = np.empty((B, T)), np.empty((B, T)), np.empty((3, B))
-    inc = np.zeros((3, B)) if state is None else \
-        np.stack([t.detach().reshape(B).to(torch.float64).numpy() for t in state])
+    inc = np.zeros((3, B))
+    if state is not None:
+        for i, t in enumerate(state):
+            inc[i] = t.detach().numpy().reshape(B)
     cpu.forward(xv.numpy(), _affine64(weight), _affine64(bias), float(decay), float(eps), eps_mode == "inside", tc,
                 y.numpy(), mus, var, inc, final)
     return (y.transpose(1, 2) if tc else y), final, mus, var
+
+
+def _state_of(final):
+    """The loops' (3, B) state as a NormState of (B,) float64 tensors."""
+    return NormState(*(torch.from_numpy(a) for a in final))
 
 
 class _CpuPooled(torch.autograd.Function):
@@ -690,7 +697,8 @@ def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mod
     B, C, T = x.shape
     # floats break a graph, and a test of T would guard on it: first of all, not while compiling
     if not torch.compiler.is_compiling() and B == 1 and 1 <= T <= FEW_FRAMES and C and lengths is None \
-            and decay is not None and not per_channel and not _grad(x, weight, bias, state) and keep is None:
+            and decay is not None and not per_channel and not _grad(x, weight, bias, state) and keep is None \
+            and not (decay and _on_cpu_loops(x, weight, bias)):
         y, s = _frames_floats(x, weight, bias, state, decay, eps, eps_mode)
         return y, s if return_state else None
     if state is not None:  # its weight is a count, which nothing differentiable moves: no gradient
@@ -699,16 +707,17 @@ def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mod
             decay is None and (T > 1 if per_channel else C * T > 1)
             or decay == 0 and C > 1 and state is None and not return_state):
         return _native(x, weight, bias, per_channel, decay, eps), None
+    if B and C and T and lengths is None and decay and not per_channel and keep is None \
+            and _on_cpu_loops(x, weight, bias):  # pooled running norms on the CPU: backends/cpu.py
+        if not _grad(x, weight, bias, state):
+            y, out, *_ = _cpu_forward(x, weight, bias, decay, eps, eps_mode, state)
+            return y, _state_of(out) if return_state else None
+        if state is None and not return_state:  # a state's gradients are the general path's
+            return _CpuPooled.apply(x, weight, bias, decay, eps, eps_mode), None
     if T == 1 and C and lengths is None and decay is not None and return_state:
         return _one_frame(x, weight, bias, state, per_channel=per_channel, decay=decay, eps=eps, eps_mode=eps_mode)
     if B and C and T and lengths is None and per_channel and decay:
         return _running_chan(x, weight, bias, state, decay, eps, eps_mode, return_state)
-    if B and C and T and lengths is None and decay and keep is None and _on_cpu_loops(x, weight, bias):
-        if not _grad(x, weight, bias, state):
-            y, out, *_ = _cpu_forward(x, weight, bias, decay, eps, eps_mode, state)
-            return y, NormState(*torch.from_numpy(out)) if return_state else None
-        if state is None and not return_state:  # a state's gradients are the general path's
-            return _CpuPooled.apply(x, weight, bias, decay, eps, eps_mode), None
     if B and C and T and lengths is None and decay and state is None and not return_state and keep is None \
             and not torch.compiler.is_compiling() and _grad(x, weight, bias, state):
         return _PooledNorm.apply(x, weight, bias, decay, eps, eps_mode), None
@@ -852,6 +861,13 @@ def prepare_stream(x, *, per_channel, decay, eps, eps_mode):
 
     if decay is None or not C:
         return call
+    if decay and not per_channel and T and _on_cpu_loops(x, None, None):  # any hop: backends/cpu.py
+        def looped(x, weight, bias, state):
+            if _grad(x, weight, bias, state) or not _on_cpu_loops(x, weight, bias):
+                return call(x, weight, bias, state)
+            y, out, *_ = _cpu_forward(x, weight, bias, decay, eps, eps_mode, state)
+            return y, _state_of(out)
+        return looped
     if B == 1 and 1 <= T <= FEW_FRAMES and not per_channel:
         def few(x, weight, bias, state):
             if _grad(x, weight, bias, state):
