@@ -447,7 +447,7 @@ def test_a_few_frames_of_one_sequence_without_autograd_match_the_reference(name,
     the compiled CPU loops (float32, float64): y and the state against the float64 oracle, 1e4 from zero, from
     a random state and from none, and x left as it was."""
     taken = []
-    loops = dtype in (torch.float32, torch.float64) and cpu.AVAILABLE and name != "frameln"  # running norms
+    loops = dtype in (torch.float32, torch.float64) and cpu.AVAILABLE
     module, fn = (cpu, "forward") if loops else (pytorch, "_frames_floats")
     real = getattr(module, fn)
     monkeypatch.setattr(module, fn, lambda *a: taken.append(1) or real(*a))
@@ -474,32 +474,43 @@ def test_a_few_frames_of_one_sequence_without_autograd_match_the_reference(name,
 @pytest.mark.parametrize("B", [1, 2])
 @pytest.mark.parametrize("name", CAUSAL)
 def test_short_calls_on_numpy_arrays_match_the_same_lines_on_tensors(name, B, T, monkeypatch):
-    """The CPU's short streaming paths run on numpy arrays; the same lines on tensors (the GPU's way, forced here)
-    give the same y and state, within float32's rounding of the affine step, and non-finite values and eps = 0
-    give NaN there as on tensors, without a numpy warning."""
+    """The CPU's short streaming paths run on numpy arrays, or in the compiled loops; the same lines on tensors
+    (the GPU's way, forced here) give the same y and state, within float32's rounding of the affine step, and
+    non-finite values and eps = 0 give NaN there as on tensors, without a numpy warning."""
     g = torch.Generator().manual_seed(5)
     C = 6
     x = make_x(B, C, T, generator=g, offset=1e4)
     w, b = make_affine(C, torch.float32, generator=g)
     st = make_state(name, B, C, generator=g)
     st = NormState(st.w, st.m + 1e4, st.m2)
-    layer = normlib.get(name)(C, backend="torch", **_kw(name))
-    with torch.no_grad():
-        layer.weight.copy_(w)
-        layer.bias.copy_(b)
-        y_np, s_np = layer(x, state=st, return_state=True)
-        monkeypatch.setattr(pytorch, "_on_host", lambda x, grad: False)
-        y_t, s_t = layer(x, state=st, return_state=True)
-        monkeypatch.undo()
-        assert_rel(y_np, y_t, 1e-6, f"{name} y")
-        assert_state_close(s_np, s_t, 1e-14, f"{name} state")
-        bad = x.clone()
-        bad[0, 0, 0] = float("inf")
-        flat = torch.ones(B, C, T)
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            y_bad, _ = layer(bad, state=st, return_state=True)
-            y_flat, _ = normlib.get(name)(C, eps=0.0, backend="torch", **_kw(name))(flat, return_state=True)
+    on_host, loops = pytorch._on_host, cpu.AVAILABLE
+    got = {}
+    for how in ("tensors", "numpy", "loops"):
+        # a signature's path is chosen when it is first prepared: each way starts with no prepared call
+        monkeypatch.setattr(normlib.functional, "_CALLS", {})
+        monkeypatch.setattr(cpu, "AVAILABLE", loops and how == "loops")
+        monkeypatch.setattr(pytorch, "_on_host", (lambda x, grad: False) if how == "tensors" else on_host)
+        layer = normlib.get(name)(C, backend="torch", **_kw(name))
+        with torch.no_grad():
+            layer.weight.copy_(w)
+            layer.bias.copy_(b)
+            got[how] = layer(x, state=st, return_state=True)
+            if how == "tensors":
+                continue
+            if how == "numpy":  # the same lines: to the last bits
+                assert_rel(got[how][0], got["tensors"][0], 1e-6, f"{name} y ({how})")
+                assert_state_close(got[how][1], got["tensors"][1], 1e-14, f"{name} state ({how})")
+            else:  # the loops' own float64 arithmetic (a general path's hop of B > 1 keeps float32 moments)
+                y_r, s_r = ref(name, x.double(), w, b, state=st, return_state=True, **_kw(name))
+                assert_rel(got[how][0], y_r, TOL[torch.float32], f"{name} y ({how})")
+                assert_state_close(got[how][1], s_r, 1e-12, f"{name} state ({how})")
+            bad = x.clone()
+            bad[0, 0, 0] = float("inf")
+            flat = torch.ones(B, C, T)
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                y_bad, _ = layer(bad, state=st, return_state=True)
+                y_flat, _ = normlib.get(name)(C, eps=0.0, backend="torch", **_kw(name))(flat, return_state=True)
         assert y_bad[0, :, 0].isnan().any()
         if SPECS[name].per_channel:  # each channel's first value alone: no spread, so 0
             assert torch.equal(y_flat[..., 0], torch.zeros(B, C))

@@ -741,6 +741,9 @@ def test_frameln_skips_its_shift_only_where_layernorm_keeps_the_digits(sigmas, m
     deviations from 0 (LayerNorm's own statistics say so), else shifts each frame by its channel 0 and runs it
     again: frames at 7.9, 8.1 and 300 deviations from 0 keep the reference's digits either way, and the second
     run happens exactly past 8."""
+    from normlib.backends import cpu
+    monkeypatch.setattr(cpu, "AVAILABLE", False)  # "b c t" frames run the compiled loops where numba is
+    monkeypatch.setattr(normlib.functional, "_CALLS", {})
     calls = []
     real = torch.nn.functional.layer_norm
     monkeypatch.setattr(torch.nn.functional, "layer_norm", lambda *a, **k: calls.append(1) or real(*a, **k))
@@ -775,11 +778,22 @@ def _few_chan_kw(name, decay):
     return {"decay": decay} if name in EMA else {}
 
 
-def _count_few_chan(monkeypatch):
+def _count_few_chan(monkeypatch, loops=False):
+    """A list that grows by one at each call of _running_chan, the torch path (the compiled CPU loops turned off),
+    or with ``loops`` of the loops' per-channel forward."""
+    from normlib.backends import cpu
     taken = []
-    real = pytorch_backend._running_chan
-    monkeypatch.setattr(pytorch_backend, "_running_chan", lambda *a: taken.append(1) or real(*a))
+    if loops and not cpu.AVAILABLE:
+        pytest.skip("numba is not installed")
+    module, fn = (cpu, "forward_channels") if loops else (pytorch_backend, "_running_chan")
+    real = getattr(module, fn)
+    monkeypatch.setattr(module, fn, lambda *a: taken.append(1) or real(*a))
+    monkeypatch.setattr(cpu, "AVAILABLE", loops)
+    monkeypatch.setattr(normlib.functional, "_CALLS", {})  # a signature's path is chosen when it is prepared
     return taken
+
+
+LOOPS = [pytest.param(False, id="torch"), pytest.param(True, id="loops")]
 
 
 def _sequential(x, state, decay, eps=1e-8, shift=0.0):
@@ -800,13 +814,15 @@ def _sequential(x, state, decay, eps=1e-8, shift=0.0):
 
 
 @pytest.mark.parametrize("T", [1, 5, 64])
-@pytest.mark.parametrize("dtype", [F32, F64, BF16], ids=_dtype_id)
+@pytest.mark.parametrize("dtype,loops", [(F32, False), (F64, False), (BF16, False), (F32, True), (F64, True)],
+                         ids=["float32-torch", "float64-torch", "bfloat16-torch", "float32-loops", "float64-loops"])
 @pytest.mark.parametrize("name,decay", FEW_CHAN)
-def test_a_few_frames_of_a_per_channel_norm_match_the_reference(name, decay, dtype, T, monkeypatch):
-    """A per-channel call of a few frames runs Welford's recurrence for all frames at once: y and the state against
-    the float64 oracle, 1e4 from zero, from a state near the data, from none and from one of weight 0 (whose mean
-    is far from the data), and x left as it was. One frame with a state out takes _one_frame (faster there)."""
-    taken = _count_few_chan(monkeypatch)
+def test_a_few_frames_of_a_per_channel_norm_match_the_reference(name, decay, dtype, loops, T, monkeypatch):
+    """A per-channel call of a few frames runs Welford's recurrence for all frames at once (the torch path, or the
+    compiled CPU loops for float32 and float64): y and the state against the float64 oracle, 1e4 from zero, from a
+    state near the data, from none and from one of weight 0 (whose mean is far from the data), and x left as it
+    was."""
+    taken = _count_few_chan(monkeypatch, loops)
     g = torch.Generator().manual_seed(7)
     B, C = 2, 5
     x = make_x(B, C, T, generator=g, offset=1e4).to(dtype)
@@ -833,13 +849,14 @@ def test_a_few_frames_of_a_per_channel_norm_match_the_reference(name, decay, dty
 
 @pytest.mark.parametrize("T", [5, 64])
 @pytest.mark.parametrize("name,decay", FEW_CHAN + [pytest.param("ccemaln", 0.01, id="ccemaln-0.01")])
-def test_a_few_frames_of_a_per_channel_norm_after_a_heavy_far_state(name, decay, T, monkeypatch):
+@pytest.mark.parametrize("loops", LOOPS)
+def test_a_few_frames_of_a_per_channel_norm_after_a_heavy_far_state(name, decay, T, loops, monkeypatch):
     """A state of a million frames' weight 1e4 from the data (forgotten within the call by the fast EMAs), and a
     light one far from it: y and
     the state against Chan's merge frame by frame in float64, to float64's digits (the float64 reference's
     sums of squares lose some 1e-10 here; a shift by the state's mean where the EMA forgets it cost y 4e-12 and
     M2 3e-12)."""
-    taken = _count_few_chan(monkeypatch)
+    taken = _count_few_chan(monkeypatch, loops)
     g = torch.Generator().manual_seed(8)
     B, C = 2, 4
     x = make_x(B, C, T, dtype=F64, generator=g, offset=1e4)
@@ -937,10 +954,12 @@ def test_a_per_channel_norm_in_blocks_of_channels_matches_the_reference(name, de
 
 @pytest.mark.parametrize("eps", [0.0, 1e-8])
 @pytest.mark.parametrize("eps_mode", ["inside", "outside"])
-def test_a_few_frames_of_a_per_channel_norm_give_beta_where_a_channel_has_one_value(eps, eps_mode, monkeypatch):
+@pytest.mark.parametrize("loops", LOOPS)
+def test_a_few_frames_of_a_per_channel_norm_give_beta_where_a_channel_has_one_value(eps, eps_mode, loops,
+                                                                                     monkeypatch):
     """Frame 0 after no state (or one of weight 0) is its own mean: y = beta there, also with eps = 0, and the
     reference's values elsewhere."""
-    taken = _count_few_chan(monkeypatch)
+    taken = _count_few_chan(monkeypatch, loops)
     x = make_x(2, 3, 4, dtype=F64)
     w, b = make_affine(3, F64)
     st = make_state("ccln", 2, 3, empty_rows=(0,))
@@ -964,7 +983,7 @@ def _strided(x, how):
 
 @pytest.mark.parametrize("how", ["contiguous", "channels-last", "gapped"])
 @pytest.mark.parametrize("eps_mode", ["inside", "outside"])
-@pytest.mark.parametrize("name", ["cln", "emaln"])
+@pytest.mark.parametrize("name", ["cln", "emaln", "ccln", "ccemaln", "frameln"])
 @pytest.mark.parametrize("shape", [(2, 5, 17), (1, 1, 9), (3, 4, 1), (1, 3, 70)], ids=str)
 def test_cpu_loops_match_the_general_path(name, shape, eps_mode, how, monkeypatch):
     """The compiled CPU loops (backends/cpu.py) against the torch ops they replace, forward and every gradient,
@@ -980,7 +999,8 @@ def test_cpu_loops_match_the_general_path(name, shape, eps_mode, how, monkeypatc
     state = make_state(name, B, C, generator=gen)
     gy = torch.randn(shape, generator=gen)
     calls = []
-    real = cpu.forward
+    kernel = "forward_channels" if name.startswith("cc") else "forward"
+    real = getattr(cpu, kernel)
 
     def counted(*a):
         calls.append(1)
@@ -990,7 +1010,7 @@ def test_cpu_loops_match_the_general_path(name, shape, eps_mode, how, monkeypatc
         out = []
         for loops in (True, False):
             monkeypatch.setattr(cpu, "AVAILABLE", loops)
-            monkeypatch.setattr(cpu, "forward", counted if loops else real)
+            monkeypatch.setattr(cpu, kernel, counted if loops else real)
             x, wi, bi = (t.clone().requires_grad_() for t in (x0, w, b))
             y, s = run(name, x, wi, bi, 1e-5, eps_mode=eps_mode, return_state=True, **kw) if kw else \
                 (run(name, x, wi, bi, 1e-5, eps_mode=eps_mode), None)
@@ -1002,7 +1022,9 @@ def test_cpu_loops_match_the_general_path(name, shape, eps_mode, how, monkeypatc
 
     n0 = len(calls)
     (y, dx, dw, db, ys, s), (y_, dx_, dw_, db_, ys_, s_) = both()
-    assert len(calls) - n0 == 2  # the training call and the streaming one (a hop of one frame too)
+    # the training call (but frameln's in "b t c" memory: LayerNorm's) and the streaming one (one frame too)
+    rows = not x0.is_contiguous() and x0.transpose(1, 2).is_contiguous()
+    assert len(calls) - n0 == (1 if name == "frameln" and rows else 2)
     for a, r, what in ((y, y_, "y"), (dx, dx_, "dx"), (dw, dw_, "dweight"), (db, db_, "dbias"), (ys, ys_, "y, state")):
         assert_rel(a, r, 2e-6, what, floor=1e-3)
     for a, r, what in zip(s, s_, ("w", "m", "m2")):

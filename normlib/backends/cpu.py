@@ -28,8 +28,17 @@ _TINY = float(np.finfo(np.float64).tiny)
 _OPTS = dict(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc", "contract", "nsz"})
 
 
+# without 'reassoc' where a value is taken relative to a shift and then to a mean ((x - K) - mu): reassociated into
+# x - (K + mu) it would round to K's ulp (per channel, a few frames after a far state: 1e-11 of y in float64)
+_OPTS_ORDERED = dict(_OPTS, fastmath={"contract", "nsz"})
+
+
 def _jit(f):
     return numba.njit(**_OPTS)(f) if AVAILABLE else f
+
+
+def _jit_ordered(f):
+    return numba.njit(**_OPTS_ORDERED)(f) if AVAILABLE else f
 
 
 @_jit
@@ -40,11 +49,14 @@ def _rstd(var, eps, inside):
 @_jit
 def _welford(W, mu, M2, m, q, n, d):
     """One frame of n values (mean m, squares about it q), all relative to K, merged into (W, mu, M2)."""
+    if d == 0.0:  # FRAME: the frame alone, its mean exact (mu + (m - mu) need not be m)
+        return n, m, q
     dW = d * W
     Wn = dW + n
     delta = m - mu
     a = delta * (n / Wn)
-    return Wn, mu + a, d * M2 + q + delta * a * dW
+    # from the heavier side (as state.merge): a light state far from the data leaves the frame's mean its digits
+    return Wn, mu + a if dW >= n else m - delta * (dW / Wn), d * M2 + q + delta * a * dW
 
 
 @_jit
@@ -54,21 +66,26 @@ def _var(M2, W):
 
 
 @_jit
-def forward(x, w, b, d, eps, inside, tc, y, mus, vars_, state, final):
-    """y of x ((B, C, T) as (B, C, T) arrays, or (B, T, C) where ``tc``); w, b: (C,) float64 or empty; the
-    running mean (relative to K) and variance of each frame into mus, vars_ (B, T) float64. ``state``: the
-    incoming (w, m, M2), (3, B) float64, zeros for none; ``final``: the state after the last frame, (3, B)."""
+def forward(x, w, b, d, eps, inside, tc, y, mus, vars_, w0, m0, q0, final):
+    """y of x ((B, C, T) as (B, C, T) arrays, or (B, T, C) where ``tc``); w, b: (C,) or empty; d: the decay
+    (0 FRAME, 1 CUMULATIVE); the running mean (relative to K) and variance of each frame into mus, vars_
+    (B, T) float64, where they have B rows (else not kept: a stream's hop). The incoming state's w, m, M2:
+    (B,) float64 each, zeros for none; ``final``: the state after the last frame, (3, B)."""
     B = x.shape[0]
     C = x.shape[2] if tc else x.shape[1]
     T = x.shape[1] if tc else x.shape[2]
+    keep = mus.shape[0] == B and vars_.shape[0] == B and mus.shape[1] == T and vars_.shape[1] == T
     for bi in range(B):
-        xb, yb, mb, vb = x[bi], y[bi], mus[bi], vars_[bi]
-        K = 0.0
-        for c in range(C):
-            K += xb[0, c] if tc else xb[c, 0]
-        K /= C
-        W, M2 = state[0, bi], state[2, bi]
-        mu = state[1, bi] - K if W > 0 else 0.0  # an empty state's mean is no value: frame 0's mean is exact
+        xb, yb = x[bi], y[bi]
+        W, M2 = w0[bi], q0[bi]
+        if _state_outweighs(W, d, T, float(C)):
+            K = m0[bi]
+        else:
+            K = 0.0
+            for c in range(C):
+                K += xb[0, c] if tc else xb[c, 0]
+            K /= C
+        mu = m0[bi] - K if W > 0 else 0.0  # an empty state's mean is no value: frame 0's mean is exact
         if tc:  # frame after frame: each row is read from memory once
             for t in range(T):
                 row = xb[t]
@@ -82,7 +99,8 @@ def forward(x, w, b, d, eps, inside, tc, y, mus, vars_, state, final):
                     q += v * v
                 W, mu, M2 = _welford(W, mu, M2, mk - K, q, C, d)
                 var = _var(M2, W)
-                mb[t], vb[t] = mu, var
+                if keep:
+                    mus[bi, t], vars_[bi, t] = mu, var
                 r, xm = _rstd(var, eps, inside), mu + K
                 yr = yb[t]
                 if w.size and b.size:
@@ -112,7 +130,8 @@ def forward(x, w, b, d, eps, inside, tc, y, mus, vars_, state, final):
             for t in range(T):
                 W, mu, M2 = _welford(W, mu, M2, mk[t] - K, q[t], C, d)
                 var = _var(M2, W)
-                mb[t], vb[t] = mu, var
+                if keep:
+                    mus[bi, t], vars_[bi, t] = mu, var
                 r[t], xm[t] = _rstd(var, eps, inside), mu + K
             for c in range(C):
                 row, yr = xb[c], yb[c]
@@ -211,3 +230,91 @@ def backward(x, gy, w, mus, vars_, d, eps, inside, tc, dx, dw, db):
                 wc = w[c] if w.size else 1.0
                 for t in range(T):
                     out[t] = wc * grow[t] * r[t] + U[t] + (row[t] - K) * V[t]
+
+
+@_jit_ordered
+def _channel_moments(row, K, W, mu, M2, d, Ws, mus, vars_):
+    """Welford's recurrence over one channel's frames (one value each, relative to K) from (W, mu, M2): each
+    frame's total weight, running mean and variance into Ws, mus, vars_ (T,); returns the last (W, mu, M2).
+    The weights and their reciprocals come first, so that the divisions leave the recurrence's chain; mus holds
+    d W_(t-1) meanwhile (as a difference W_t - 1 it would lose digits where it is small: a light state)."""
+    T = row.shape[0]
+    for t in range(T):
+        mus[t] = d * W
+        W = mus[t] + 1.0
+        Ws[t] = W
+    for t in range(T):
+        vars_[t] = 1.0 / Ws[t]
+    for t in range(T):
+        inv, dW, u = vars_[t], mus[t], row[t] - K
+        delta = u - mu
+        a = delta * inv
+        M2 = d * M2 + delta * a * dW  # n (d W_(t-1) / W_t) delta^2, with n = 1
+        mu = mu + a if dW >= 1.0 else u - delta * (dW * inv)  # from the heavier side (_welford)
+        mus[t] = mu
+        vars_[t] = M2 * inv if Ws[t] > 1.0 else 1.0  # one value so far: var 1 (_var)
+    return W, mu, M2
+
+
+@_jit
+def _state_outweighs(W, d, T, n):
+    """Whether an incoming state of weight W still outweighs T frames of weight n at the last one: then its mean
+    is the shift, so that the mean returned keeps every digit of it (frame 0's is, where the frames outweigh it:
+    one that an EMA forgets, far from the data, would cost M2 digits)."""
+    if not W > 0.0:
+        return False
+    G = float(T) if d == 1.0 else (1.0 - d ** T) / (1.0 - d)
+    return W * d ** T > n * G
+
+
+@_jit_ordered
+def forward_channels(x, w, b, d, eps, inside, y, w0, m0, q0, final):
+    """The per-channel norms (ccln, ccemaln): y of x ((B, C, T) arrays in any strides), each channel its own
+    running statistics, shifted by its frame 0; w, b: (C,) or empty. The incoming state's w, m, M2: (B, C)
+    float64 each (zeros for none); ``final``: the state after the last frame, (3, B, C)."""
+    B, C, T = x.shape
+    Ws, mus, vars_ = np.empty(T), np.empty(T), np.empty(T)
+    for bi in range(B):
+        for c in range(C):
+            row, out = x[bi, c], y[bi, c]
+            W = w0[bi, c]
+            K = m0[bi, c] if _state_outweighs(W, d, T, 1.0) else row[0]
+            mu = m0[bi, c] - K if W > 0 else 0.0
+            W, mu, M2 = _channel_moments(row, K, W, mu, q0[bi, c], d, Ws, mus, vars_)
+            g = w[c] if w.size else 1.0
+            bb = b[c] if b.size else 0.0
+            for t in range(T):
+                out[t] = (row[t] - K - mus[t]) * (_rstd(vars_[t], eps, inside) * g) + bb
+            final[0, bi, c], final[1, bi, c], final[2, bi, c] = W, mu + K, M2
+
+
+@_jit_ordered
+def backward_channels(x, gy, w, d, eps, inside, dx, dw, db):
+    """dx of forward_channels without a state (its moments recomputed, a pass over x), and dL/dgamma, dL/dbeta
+    added into dw, db ((C,) float64, zeroed by the caller): _PooledNorm's formula with one value a frame."""
+    B, C, T = x.shape
+    Ws, mus, vars_ = np.empty(T), np.empty(T), np.empty(T)
+    A, S = np.empty(T), np.empty(T)
+    for bi in range(B):
+        for c in range(C):
+            row, grow, out = x[bi, c], gy[bi, c], dx[bi, c]
+            K = row[0]
+            _channel_moments(row, K, 0.0, 0.0, 0.0, d, Ws, mus, vars_)
+            wc = w[c] if w.size else 1.0
+            sw = sb = 0.0
+            for t in range(T):
+                rt = _rstd(vars_[t], eps, inside)
+                g = grow[t]
+                xh = (row[t] - K - mus[t]) * rt
+                A[t] = wc * g
+                S[t] = wc * g * xh
+                sw += g * xh
+                sb += g
+            dw[c] += sw
+            db[c] += sb
+            u = v = 0.0
+            for t in range(T - 1, -1, -1):
+                rt, gv, gu = _frame_terms(vars_[t], mus[t], S[t], A[t], Ws[t], eps, inside)
+                v = v * d + gv
+                u = u * d + gu
+                out[t] = wc * grow[t] * rt + u + (row[t] - K) * v

@@ -518,22 +518,31 @@ _CPU_DTYPES = (torch.float32, torch.float64)
 
 
 def _on_cpu_loops(x, weight, bias) -> bool:
-    """Whether a pooled running norm of whole sequences takes the compiled CPU loops (backends/cpu.py): plain
-    float32 or float64 CPU tensors, eagerly."""
+    """Whether a running norm of whole sequences takes the compiled CPU loops (backends/cpu.py): plain float32 or
+    float64 CPU tensors, eagerly."""
     return cpu.AVAILABLE and x.device.type == "cpu" and x.dtype in _CPU_DTYPES and type(x) is torch.Tensor \
-        and all(t is None or t.device.type == "cpu" and t.dtype in _CPU_DTYPES for t in (weight, bias)) \
-        and not torch.compiler.is_compiling()
+        and _cpu_affine(weight) and _cpu_affine(bias) and not torch.compiler.is_compiling()
+
+
+def _cpu_affine(t) -> bool:
+    return t is None or t.dtype in _CPU_DTYPES and t.is_cpu
 
 
 def _cpu_arrays(x):
-    """x's (B, C, T) view as the loops' arrays: (B, T, C) where channels are contiguous ("b t c"), else (B, C, T)
-    (copied where neither is contiguous); and that orientation."""
-    tc = not x.is_contiguous() and x.transpose(1, 2).is_contiguous()
+    """x's (B, C, T) view as the pooled loops' arrays: (B, T, C) where channels are contiguous ("b t c"), else
+    (B, C, T) (copied where neither is contiguous); and that orientation."""
+    tc = _rows_of_channels(x)
     return (x.transpose(1, 2) if tc else x.contiguous()), tc
 
 
-def _affine64(t):
-    return _EMPTY if t is None else t.detach().numpy().astype(np.float64)
+def _rows_of_channels(x) -> bool:
+    """Whether each frame's channels are contiguous ("b t c" memory), as _cpu_arrays's orientation."""
+    return not x.is_contiguous() and x.transpose(1, 2).is_contiguous()
+
+
+def _array(t):
+    """A CPU tensor's numpy view (the affine parameters in their own dtype: the loops read float32 or float64)."""
+    return _EMPTY if t is None else t.numpy(force=True)
 
 
 def _from64(a, dtype):
@@ -541,36 +550,49 @@ def _from64(a, dtype):
     return torch.from_numpy(a if dtype == torch.float64 else a.astype(_NUMPY[dtype]))
 
 
-def _cpu_forward(x, weight, bias, decay, eps, eps_mode, state=None):
-    """y, the state after the last frame ((3, B) float64: w, m, M2), and the arrays its backward reads: the
-    running mean and variance of every frame."""
+def _cpu_forward(x, weight, bias, decay, eps, eps_mode, state=None, per_channel=False, keep=False):
+    """y and the state after the last frame, float64 arrays (3, B) or (3, B, C) per channel; with ``keep``
+    (pooled norms) also the running mean and variance of every frame, which the backward reads. Numpy's arrays
+    throughout: a torch op costs more than these calls' work at a streaming hop's sizes."""
     B, C, T = x.shape
-    xv, tc = _cpu_arrays(x.detach())
-    y = torch.empty(xv.shape, dtype=x.dtype)
-    mus, var, final = np.empty((B, T)), np.empty((B, T)), np.empty((3, B))
-    inc = np.zeros((3, B))
-    if state is not None:
-        for i, t in enumerate(state):
-            inc[i] = t.detach().numpy().reshape(B)
-    cpu.forward(xv.numpy(), _affine64(weight), _affine64(bias), float(decay), float(eps), eps_mode == "inside", tc,
-                y.numpy(), mus, var, inc, final)
+    xa = x.numpy(force=True)  # a view of x (detached)
+    shape = (B, C) if per_channel else (B,)
+    w0, m0, q0 = (np.zeros(shape),) * 3 if state is None else \
+        (state.w.numpy(force=True), state.m.numpy(force=True), state.m2.numpy(force=True))
+    final = np.empty((3, *shape))
+    if per_channel:  # any strides: each channel's row is one recurrence
+        y = np.empty_like(xa)  # x's memory order
+        cpu.forward_channels(xa, _array(weight), _array(bias), float(decay), float(eps), eps_mode == "inside", y,
+                             w0, m0, q0, final)
+        return torch.from_numpy(y), final, None, None
+    tc = _rows_of_channels(x)
+    xa = xa.transpose(0, 2, 1) if tc else xa if x.is_contiguous() else np.ascontiguousarray(xa)
+    y = np.empty(xa.shape, xa.dtype)
+    mus, var = (np.empty((B, T)), np.empty((B, T))) if keep else (_NONE2, _NONE2)
+    cpu.forward(xa, _array(weight), _array(bias), float(decay), float(eps), eps_mode == "inside", tc, y, mus, var,
+                w0, m0, q0, final)
+    y = torch.from_numpy(y)
     return (y.transpose(1, 2) if tc else y), final, mus, var
 
 
+_NONE2 = np.empty((0, 0))  # statistics not kept
+
+
 def _state_of(final):
-    """The loops' (3, B) state as a NormState of (B,) float64 tensors."""
-    return NormState(*(torch.from_numpy(a) for a in final))
+    """The loops' state, (3, B) or (3, B, C) float64, as a NormState of tensors."""
+    return NormState(torch.from_numpy(final[0]), torch.from_numpy(final[1]), torch.from_numpy(final[2]))
 
 
-class _CpuPooled(torch.autograd.Function):
-    """_PooledNorm's case on the CPU: the forward and backward of backends/cpu.py, a few passes each, in place of
-    some forty torch ops each way (a CPU's cost of a small layer is its op count)."""
+class _CpuLoops(torch.autograd.Function):
+    """_PooledNorm's and _ChannelNorm's case on the CPU: the forward and backward of backends/cpu.py, a few
+    passes each, in place of some forty torch ops each way (a CPU's cost of a small layer is its op count)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, decay, eps, eps_mode):
-        y, _, mus, var = _cpu_forward(x, weight, bias, decay, eps, eps_mode)
+    def forward(ctx, x, weight, bias, decay, eps, eps_mode, per_channel):
+        y, _, mus, var = _cpu_forward(x, weight, bias, decay, eps, eps_mode, per_channel=per_channel,
+                                      keep=not per_channel)
         ctx.save_for_backward(x, weight)
-        ctx.stats = (mus, var, decay, eps, eps_mode)
+        ctx.stats = (mus, var, decay, eps, eps_mode, per_channel)  # per channel: recomputed (the size of x)
         ctx.bias_dtype = None if bias is None else bias.dtype
         return y
 
@@ -578,18 +600,24 @@ class _CpuPooled(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, gy):
         x, weight = ctx.saved_tensors
-        mus, var, decay, eps, eps_mode = ctx.stats
-        xv, tc = _cpu_arrays(x.detach())
-        gv = gy.transpose(1, 2) if tc else gy
-        gv = (gv if gv.dtype == x.dtype else gv.to(x.dtype)).contiguous()
-        dx = torch.empty(xv.shape, dtype=x.dtype)
+        mus, var, decay, eps, eps_mode, per_channel = ctx.stats
         C = x.shape[1]
         dw, db = np.zeros(C), np.zeros(C)
-        cpu.backward(xv.numpy(), gv.numpy(), _affine64(weight), mus, var, float(decay), float(eps),
-                     eps_mode == "inside", tc, dx.numpy(), dw, db)
+        gy = gy if gy.dtype == x.dtype else gy.to(x.dtype)
+        if per_channel:
+            dx = torch.empty_like(x)
+            cpu.backward_channels(x.detach().numpy(), gy.numpy(), _array(weight), float(decay), float(eps),
+                                  eps_mode == "inside", dx.numpy(), dw, db)
+        else:
+            xv, tc = _cpu_arrays(x.detach())
+            gv = (gy.transpose(1, 2) if tc else gy).contiguous()
+            dx = torch.empty(xv.shape, dtype=x.dtype)
+            cpu.backward(xv.numpy(), gv.numpy(), _array(weight), mus, var, float(decay), float(eps),
+                         eps_mode == "inside", tc, dx.numpy(), dw, db)
+            dx = dx.transpose(1, 2) if tc else dx
         dw = _from64(dw, weight.dtype) if weight is not None and ctx.needs_input_grad[1] else None
         db = _from64(db, ctx.bias_dtype) if ctx.needs_input_grad[2] else None
-        return (dx.transpose(1, 2) if tc else dx), dw, db, None, None, None
+        return dx, dw, db, None, None, None, None
 
 
 def _grad(x, weight, bias, state) -> bool:
@@ -698,22 +726,24 @@ def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mod
     # floats break a graph, and a test of T would guard on it: first of all, not while compiling
     if not torch.compiler.is_compiling() and B == 1 and 1 <= T <= FEW_FRAMES and C and lengths is None \
             and decay is not None and not per_channel and not _grad(x, weight, bias, state) and keep is None \
-            and not (decay and _on_cpu_loops(x, weight, bias)):
+            and not _on_cpu_loops(x, weight, bias):
         y, s = _frames_floats(x, weight, bias, state, decay, eps, eps_mode)
         return y, s if return_state else None
     if state is not None:  # its weight is a count, which nothing differentiable moves: no gradient
         state = NormState(state.w.detach(), state.m, state.m2)
+    if B and C and T and lengths is None and decay is not None and keep is None \
+            and not (decay == 0 and state is None and not return_state and _rows_of_channels(x)) \
+            and _on_cpu_loops(x, weight, bias):  # running norms on the CPU: backends/cpu.py
+        # (but FRAME's whole sequences in "b t c" memory: LayerNorm's kernel runs contiguous frames faster)
+        if not _grad(x, weight, bias, state):
+            y, out, *_ = _cpu_forward(x, weight, bias, decay, eps, eps_mode, state, per_channel)
+            return y, _state_of(out) if return_state else None
+        if state is None and not return_state:  # a state's gradients are the general path's
+            return _CpuLoops.apply(x, weight, bias, decay, eps, eps_mode, per_channel), None
     if B and C and lengths is None and eps_mode == "inside" and (
             decay is None and (T > 1 if per_channel else C * T > 1)
             or decay == 0 and C > 1 and state is None and not return_state):
         return _native(x, weight, bias, per_channel, decay, eps), None
-    if B and C and T and lengths is None and decay and not per_channel and keep is None \
-            and _on_cpu_loops(x, weight, bias):  # pooled running norms on the CPU: backends/cpu.py
-        if not _grad(x, weight, bias, state):
-            y, out, *_ = _cpu_forward(x, weight, bias, decay, eps, eps_mode, state)
-            return y, _state_of(out) if return_state else None
-        if state is None and not return_state:  # a state's gradients are the general path's
-            return _CpuPooled.apply(x, weight, bias, decay, eps, eps_mode), None
     if T == 1 and C and lengths is None and decay is not None and return_state:
         return _one_frame(x, weight, bias, state, per_channel=per_channel, decay=decay, eps=eps, eps_mode=eps_mode)
     if B and C and T and lengths is None and per_channel and decay:
@@ -861,11 +891,11 @@ def prepare_stream(x, *, per_channel, decay, eps, eps_mode):
 
     if decay is None or not C:
         return call
-    if decay and not per_channel and T and _on_cpu_loops(x, None, None):  # any hop: backends/cpu.py
+    if T and _on_cpu_loops(x, None, None):  # any hop: backends/cpu.py (x's dtype and device are the signature's)
         def looped(x, weight, bias, state):
-            if _grad(x, weight, bias, state) or not _on_cpu_loops(x, weight, bias):
+            if _grad(x, weight, bias, state) or not (_cpu_affine(weight) and _cpu_affine(bias)):
                 return call(x, weight, bias, state)
-            y, out, *_ = _cpu_forward(x, weight, bias, decay, eps, eps_mode, state)
+            y, out, *_ = _cpu_forward(x, weight, bias, decay, eps, eps_mode, state, per_channel)
             return y, _state_of(out)
         return looped
     if B == 1 and 1 <= T <= FEW_FRAMES and not per_channel:
