@@ -75,10 +75,11 @@ def forward(x, w, b, d, eps, inside, tc, y, mus, vars_, w0, m0, q0, final):
     C = x.shape[2] if tc else x.shape[1]
     T = x.shape[1] if tc else x.shape[2]
     keep = mus.shape[0] == B and vars_.shape[0] == B and mus.shape[1] == T and vars_.shape[1] == T
+    dT, G = _outweighs(d, T, float(C))
     for bi in range(B):
         xb, yb = x[bi], y[bi]
         W, M2 = w0[bi], q0[bi]
-        if _state_outweighs(W, d, T, float(C)):
+        if W > 0 and W * dT > G:
             K = m0[bi]
         else:
             K = 0.0
@@ -257,14 +258,13 @@ def _channel_moments(row, K, W, mu, M2, d, Ws, mus, vars_):
 
 
 @_jit
-def _state_outweighs(W, d, T, n):
-    """Whether an incoming state of weight W still outweighs T frames of weight n at the last one: then its mean
-    is the shift, so that the mean returned keeps every digit of it (frame 0's is, where the frames outweigh it:
-    one that an EMA forgets, far from the data, would cost M2 digits)."""
-    if not W > 0.0:
-        return False
-    G = float(T) if d == 1.0 else (1.0 - d ** T) / (1.0 - d)
-    return W * d ** T > n * G
+def _outweighs(d, T, n):
+    """(d^T, n G): an incoming state of weight W still outweighs T frames of weight n at the last one where
+    W d^T > n G, G = 1 + d + ... + d^(T-1). Then its mean is the shift, so that the mean returned keeps every
+    digit of it; frame 0's is, where the frames outweigh it (a state that an EMA forgets, far from the data, would
+    cost M2 digits)."""
+    dT = d ** T
+    return dT, n * (float(T) if d == 1.0 else (1.0 - dT) / (1.0 - d))
 
 
 @_jit_ordered
@@ -274,11 +274,12 @@ def forward_channels(x, w, b, d, eps, inside, y, w0, m0, q0, final):
     float64 each (zeros for none); ``final``: the state after the last frame, (3, B, C)."""
     B, C, T = x.shape
     Ws, mus, vars_ = np.empty(T), np.empty(T), np.empty(T)
+    dT, G = _outweighs(d, T, 1.0)
     for bi in range(B):
         for c in range(C):
             row, out = x[bi, c], y[bi, c]
             W = w0[bi, c]
-            K = m0[bi, c] if _state_outweighs(W, d, T, 1.0) else row[0]
+            K = m0[bi, c] if W > 0 and W * dT > G else row[0]
             mu = m0[bi, c] - K if W > 0 else 0.0
             W, mu, M2 = _channel_moments(row, K, W, mu, q0[bi, c], d, Ws, mus, vars_)
             g = w[c] if w.size else 1.0
