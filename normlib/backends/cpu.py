@@ -233,30 +233,6 @@ def backward(x, gy, w, mus, vars_, d, eps, inside, tc, dx, dw, db):
                     out[t] = wc * grow[t] * r[t] + U[t] + (row[t] - K) * V[t]
 
 
-@_jit_ordered
-def _channel_moments(row, K, W, mu, M2, d, Ws, mus, vars_):
-    """Welford's recurrence over one channel's frames (one value each, relative to K) from (W, mu, M2): each
-    frame's total weight, running mean and variance into Ws, mus, vars_ (T,); returns the last (W, mu, M2).
-    The weights and their reciprocals come first, so that the divisions leave the recurrence's chain; mus holds
-    d W_(t-1) meanwhile (as a difference W_t - 1 it would lose digits where it is small: a light state)."""
-    T = row.shape[0]
-    for t in range(T):
-        mus[t] = d * W
-        W = mus[t] + 1.0
-        Ws[t] = W
-    for t in range(T):
-        vars_[t] = 1.0 / Ws[t]
-    for t in range(T):
-        inv, dW, u = vars_[t], mus[t], row[t] - K
-        delta = u - mu
-        a = delta * inv
-        M2 = d * M2 + delta * a * dW  # n (d W_(t-1) / W_t) delta^2, with n = 1
-        mu = mu + a if dW >= 1.0 else u - delta * (dW * inv)  # from the heavier side (_welford)
-        mus[t] = mu
-        vars_[t] = M2 * inv if Ws[t] > 1.0 else 1.0  # one value so far: var 1 (_var)
-    return W, mu, M2
-
-
 @_jit
 def _outweighs(d, T, n):
     """(d^T, n G): an incoming state of weight W still outweighs T frames of weight n at the last one where
@@ -267,55 +243,184 @@ def _outweighs(d, T, n):
     return dT, n * (float(T) if d == 1.0 else (1.0 - dT) / (1.0 - d))
 
 
+TILE = 16  # frames a per-channel tile holds: each step runs over contiguous channels, as vectors
+
+
+@_jit_ordered
+def _load_tile(xb, t0, n, K, u):
+    """Frames t0 .. t0 + n of a (C, T) sequence, relative to each channel's shift, into u's rows (n, C) float64."""
+    C = u.shape[1]
+    if xb.strides[0] < xb.strides[1]:  # channels contiguous ("b t c" memory)
+        for j in range(n):
+            for c in range(C):
+                u[j, c] = xb[c, t0 + j] - K[c]
+    else:
+        for c in range(C):
+            for j in range(n):
+                u[j, c] = xb[c, t0 + j] - K[c]
+
+
+@_jit_ordered
+def _store_tile(out, t0, n, yb):
+    C = out.shape[1]
+    if yb.strides[0] < yb.strides[1]:
+        for j in range(n):
+            for c in range(C):
+                yb[c, t0 + j] = out[j, c]
+    else:
+        for c in range(C):
+            for j in range(n):
+                yb[c, t0 + j] = out[j, c]
+
+
+@_jit_ordered
+def _chan_step(v, mu, M2, d, dW, inv):
+    """Welford's step of one channel by a value v (relative to its shift): the new mean from the heavier side (as
+    _welford), and M2."""
+    delta = v - mu
+    a = delta * inv
+    return (mu + a if dW >= 1.0 else v - delta * (dW * inv)), d * M2 + delta * a * dW
+
+
+@_jit_ordered
+def _rstd_row(v, eps, inside, r):
+    """r = _rstd(v) over a row of channels. Eps inside the root: float32's root (eight lanes where float64 has
+    four, and its divider's cost a lane a fraction of float64's) and one Newton step in float64, 2e-14 of r, where
+    v + eps lies within 1e-30 to 1e30; the exact root for a row that has any value outside (or a NaN)."""
+    C = v.shape[0]
+    if not inside:
+        for c in range(C):
+            r[c] = _rstd(v[c], eps, False)
+        return
+    bad = 0
+    for c in range(C):
+        a = v[c] + eps
+        bad += not (1e-30 < a < 1e30)
+        a = min(max(a, 1e-30), 1e30)
+        r0 = np.float64(np.float32(1.0) / np.sqrt(np.float32(a)))
+        r[c] = r0 * (1.5 - 0.5 * a * r0 * r0)
+    if bad:
+        for c in range(C):
+            r[c] = 1.0 / math.sqrt(v[c] + eps)
+
+
 @_jit_ordered
 def forward_channels(x, w, b, d, eps, inside, y, w0, m0, q0, final):
     """The per-channel norms (ccln, ccemaln): y of x ((B, C, T) arrays in any strides), each channel its own
-    running statistics, shifted by its frame 0; w, b: (C,) or empty. The incoming state's w, m, M2: (B, C)
-    float64 each (zeros for none); ``final``: the state after the last frame, (3, B, C)."""
+    running statistics, shifted by its frame 0 (or the state's mean, _outweighs); w, b: (C,) or empty. The
+    incoming state's w, m, M2: (B, C) float64 each (zeros for none); ``final``: the state after the last frame,
+    (3, B, C). Frames go in tiles of TILE, each frame a step over all channels (independent recurrences side by
+    side, as vectors)."""
     B, C, T = x.shape
-    Ws, mus, vars_ = np.empty(T), np.empty(T), np.empty(T)
+    K, W, mu, M2 = np.empty(C), np.empty(C), np.empty(C), np.empty(C)
+    g, bb = np.ones(C), np.zeros(C)
+    for c in range(C):
+        if w.size:
+            g[c] = w[c]
+        if b.size:
+            bb[c] = b[c]
+    u, out = np.empty((TILE, C)), np.empty((TILE, C))
+    v, r = np.empty(C), np.empty(C)
     dT, G = _outweighs(d, T, 1.0)
     for bi in range(B):
+        xb, yb = x[bi], y[bi]
+        same = True  # one weight for every channel (no state, or normlib's): W_t, 1 / W_t once a frame
         for c in range(C):
-            row, out = x[bi, c], y[bi, c]
-            W = w0[bi, c]
-            K = m0[bi, c] if W > 0 and W * dT > G else row[0]
-            mu = m0[bi, c] - K if W > 0 else 0.0
-            W, mu, M2 = _channel_moments(row, K, W, mu, q0[bi, c], d, Ws, mus, vars_)
-            g = w[c] if w.size else 1.0
-            bb = b[c] if b.size else 0.0
-            for t in range(T):
-                out[t] = (row[t] - K - mus[t]) * (_rstd(vars_[t], eps, inside) * g) + bb
-            final[0, bi, c], final[1, bi, c], final[2, bi, c] = W, mu + K, M2
+            Wc = w0[bi, c]
+            K[c] = m0[bi, c] if Wc > 0 and Wc * dT > G else xb[c, 0]
+            mu[c] = m0[bi, c] - K[c] if Wc > 0 else 0.0
+            W[c], M2[c] = Wc, q0[bi, c]
+            same = same and Wc == w0[bi, 0]
+        for t0 in range(0, T, TILE):
+            n = min(TILE, T - t0)
+            _load_tile(xb, t0, n, K, u)
+            for j in range(n):
+                uj, oj = u[j], out[j]
+                if same:
+                    dW = d * W[0]
+                    Wn = dW + 1.0
+                    inv = 1.0 / Wn
+                    for c in range(C):
+                        mu[c], M2[c] = _chan_step(uj[c], mu[c], M2[c], d, dW, inv)
+                        v[c] = M2[c] * inv if Wn > 1.0 else 1.0
+                        W[c] = Wn
+                else:
+                    for c in range(C):
+                        dW = d * W[c]
+                        Wn = dW + 1.0
+                        inv = 1.0 / Wn
+                        mu[c], M2[c] = _chan_step(uj[c], mu[c], M2[c], d, dW, inv)
+                        v[c] = M2[c] * inv if Wn > 1.0 else 1.0
+                        W[c] = Wn
+                _rstd_row(v, eps, inside, r)
+                for c in range(C):
+                    oj[c] = (uj[c] - mu[c]) * (r[c] * g[c]) + bb[c]
+            _store_tile(out, t0, n, yb)
+        for c in range(C):
+            final[0, bi, c], final[1, bi, c], final[2, bi, c] = W[c], mu[c] + K[c], M2[c]
 
 
 @_jit_ordered
 def backward_channels(x, gy, w, d, eps, inside, dx, dw, db):
-    """dx of forward_channels without a state (its moments recomputed, a pass over x), and dL/dgamma, dL/dbeta
-    added into dw, db ((C,) float64, zeroed by the caller): _PooledNorm's formula with one value a frame."""
+    """dx of forward_channels without a state, and dL/dgamma, dL/dbeta added into dw, db ((C,) float64, zeroed by
+    the caller): _PooledNorm's formula with one value a frame. Each sequence's running means and variances are
+    recomputed first ((T, C) float64), then the reverse scans run tile by tile from the last frame."""
     B, C, T = x.shape
-    Ws, mus, vars_ = np.empty(T), np.empty(T), np.empty(T)
-    A, S = np.empty(T), np.empty(T)
+    K, mu, M2 = np.empty(C), np.empty(C), np.empty(C)
+    U, V = np.empty(C), np.empty(C)
+    mus, vars_ = np.empty((T, C)), np.empty((T, C))
+    Ws = np.empty(T)
+    W = 0.0
+    for t in range(T):  # no state: one weight for every channel
+        W = d * W + 1.0
+        Ws[t] = W
+    g = np.ones(C)
+    for c in range(C):
+        if w.size:
+            g[c] = w[c]
+    u, gt, out = np.empty((TILE, C)), np.empty((TILE, C)), np.empty((TILE, C))
+    r = np.empty(C)
     for bi in range(B):
+        xb, gb, db_ = x[bi], gy[bi], dx[bi]
         for c in range(C):
-            row, grow, out = x[bi, c], gy[bi, c], dx[bi, c]
-            K = row[0]
-            _channel_moments(row, K, 0.0, 0.0, 0.0, d, Ws, mus, vars_)
-            wc = w[c] if w.size else 1.0
-            sw = sb = 0.0
-            for t in range(T):
-                rt = _rstd(vars_[t], eps, inside)
-                g = grow[t]
-                xh = (row[t] - K - mus[t]) * rt
-                A[t] = wc * g
-                S[t] = wc * g * xh
-                sw += g * xh
-                sb += g
-            dw[c] += sw
-            db[c] += sb
-            u = v = 0.0
-            for t in range(T - 1, -1, -1):
-                rt, gv, gu = _frame_terms(vars_[t], mus[t], S[t], A[t], Ws[t], eps, inside)
-                v = v * d + gv
-                u = u * d + gu
-                out[t] = wc * grow[t] * rt + u + (row[t] - K) * v
+            K[c], mu[c], M2[c], U[c], V[c] = xb[c, 0], 0.0, 0.0, 0.0, 0.0
+        for t0 in range(0, T, TILE):
+            n = min(TILE, T - t0)
+            _load_tile(xb, t0, n, K, u)
+            for j in range(n):
+                t = t0 + j
+                Wn = Ws[t]
+                dW = Wn - 1.0 if t == 0 else d * Ws[t - 1]
+                inv = 1.0 / Wn
+                uj, mt, vt = u[j], mus[t], vars_[t]
+                for c in range(C):
+                    m, M2[c] = _chan_step(uj[c], mu[c], M2[c], d, dW, inv)
+                    mu[c] = m
+                    mt[c] = m
+                    vt[c] = M2[c] * inv if Wn > 1.0 else 1.0
+        zero = np.zeros(C)
+        last = (T - 1) // TILE * TILE
+        for t0 in range(last, -1, -TILE):
+            n = min(TILE, T - t0)
+            _load_tile(xb, t0, n, K, u)
+            _load_tile(gb, t0, n, zero, gt)
+            for j in range(n - 1, -1, -1):
+                t = t0 + j
+                invW, live = 1.0 / Ws[t], Ws[t] > 1.0
+                uj, gj, oj, mt, vt = u[j], gt[j], out[j], mus[t], vars_[t]
+                _rstd_row(vt, eps, inside, r)
+                for c in range(C):  # _frame_terms with A = g dy and S = g dy x^, written out once a frame
+                    gg = g[c] * gj[c]
+                    var, rt = vt[c], r[c]
+                    if inside:
+                        G2 = -rt * rt * (gg * (uj[c] - mt[c]) * rt) if live else 0.0
+                    else:
+                        sig = math.sqrt(max(var, _TINY))
+                        G2 = -rt / sig * (gg * (uj[c] - mt[c]) * rt) if live and var >= _TINY else 0.0
+                    xh = (uj[c] - mt[c]) * rt
+                    dw[c] += gj[c] * xh
+                    db[c] += gj[c]
+                    V[c] = V[c] * d + G2 * invW
+                    U[c] = U[c] * d + (-rt * gg - G2 * mt[c]) * invW
+                    oj[c] = gg * rt + U[c] + uj[c] * V[c]
+            _store_tile(out, t0, n, db_)
