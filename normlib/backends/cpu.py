@@ -248,29 +248,20 @@ TILE = 16  # frames a per-channel tile holds: each step runs over contiguous cha
 
 @_jit_ordered
 def _load_tile(xb, t0, n, K, u):
-    """Frames t0 .. t0 + n of a (C, T) sequence, relative to each channel's shift, into u's rows (n, C) float64."""
+    """Frames t0 .. t0 + n of a (C, T) sequence, relative to each channel's shift, into u's rows (n, C) float64.
+    Frame after frame in either memory order: a tile's lines stay in the cache while its frames are read."""
     C = u.shape[1]
-    if xb.strides[0] < xb.strides[1]:  # channels contiguous ("b t c" memory)
-        for j in range(n):
-            for c in range(C):
-                u[j, c] = xb[c, t0 + j] - K[c]
-    else:
+    for j in range(n):
         for c in range(C):
-            for j in range(n):
-                u[j, c] = xb[c, t0 + j] - K[c]
+            u[j, c] = xb[c, t0 + j] - K[c]
 
 
 @_jit_ordered
 def _store_tile(out, t0, n, yb):
     C = out.shape[1]
-    if yb.strides[0] < yb.strides[1]:
-        for j in range(n):
-            for c in range(C):
-                yb[c, t0 + j] = out[j, c]
-    else:
+    for j in range(n):
         for c in range(C):
-            for j in range(n):
-                yb[c, t0 + j] = out[j, c]
+            yb[c, t0 + j] = out[j, c]
 
 
 @_jit_ordered
