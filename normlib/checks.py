@@ -202,27 +202,41 @@ def _bool_like(v) -> bool:
     return one and str(dtype) in ("bool", "torch.bool")
 
 
-_VOUCHED: dict = {}  # id of a state's w -> (weak reference to w, w's version, m2, m2's version): a backend's values
+_VOUCHED: dict = {}  # id of a state's w -> (weak reference to w, w's version, m, m2, m2's version, meta)
 
 
-def vouch(state: NormState) -> NormState:
+def vouch(state: NormState, meta=None) -> NormState:
     """Remember a state that normlib returned: its w and m2 pass check_state_values, without reading them again,
     as long as they are the same tensors, unchanged in place (their version counters say so). A stream that feeds
-    each call's state to the next is checked once."""
+    each call's state to the next is checked once. ``meta``: what a prepared streaming call's key holds of its
+    fields (types, shapes, dtypes, devices), which the next call reads back (vouched_meta) rather than again."""
     if torch.compiler.is_compiling():  # a traced state is checked in the graph (below) each time
         return state
     w, m2 = state.w, state.m2
-    if w.device.type == "cpu":
-        key = id(w)
-        _VOUCHED[key] = (weakref.ref(w, lambda _, key=key: _VOUCHED.pop(key, None)), w._version, m2, m2._version)
+    key = id(w)
+    _VOUCHED[key] = (weakref.ref(w, lambda _, key=key: _VOUCHED.pop(key, None)), w._version, state.m, m2,
+                     m2._version, meta)
     return state
 
 
-def _vouched(state) -> bool:
+def _seen(state):
     w, m2 = state.w, state.m2
     seen = _VOUCHED.get(id(w))
-    return seen is not None and seen[0]() is w and seen[2] is m2 and seen[1] == w._version \
-        and seen[3] == m2._version
+    if seen is not None and seen[0]() is w and seen[2] is state.m and seen[3] is m2 and seen[1] == w._version \
+            and seen[4] == m2._version:
+        return seen
+    return None
+
+
+def _vouched(state) -> bool:
+    return _seen(state) is not None
+
+
+def vouched_meta(state: NormState):
+    """The meta that vouch recorded with a state normlib returned, its fields the same tensors and not written in
+    place since; else None."""
+    seen = _seen(state)
+    return None if seen is None else seen[5]
 
 
 def check_state_values(state: NormState):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from . import backends
-from .checks import check_inputs, check_num_channels, check_state_values, state_tag, vouch
+from .checks import check_inputs, check_num_channels, check_state_values, state_tag, vouch, vouched_meta
 from .names import lookup
 from .spec import FAMILY, NormSpec
 from .state import NormState, state_type
@@ -37,23 +37,27 @@ def norm(spec: NormSpec, x: torch.Tensor, weight=None, bias=None, eps: float = 1
     # == 1 as a key, not as an eps).
     # A streaming call (a state in and out) skips them too, but for the state's values (check_state_values);
     # the state's class is its tag (state.py), so a cached call takes only states of its own norm.
+    # A state that normlib returned, unchanged since, brings its fields' meta from vouch (and its values need no
+    # check): the key's part for a stream's state costs a lookup.
     key = None
     stream = return_state is True and isinstance(state, NormState)
     if lengths is None and (stream or (state is None and return_state is False)) and type(x) is torch.Tensor \
             and not torch.compiler.is_compiling():
         try:
+            seen = vouched_meta(state) if stream else None
+            smeta = (seen or tuple(map(_meta, state))) if stream else None
             key = (spec, x.shape, x.stride(), x.dtype, x.device, _meta(weight), _meta(bias), eps, type(eps),
                    eps_mode, decay, type(decay), layout, backend, num_channels,
-                   (type(state), *map(_meta, state)) if stream else None)
+                   (type(state), smeta) if stream else None)
             call = _CALLS.get(key)
         except (TypeError, AttributeError, RuntimeError):  # unhashable, not a tensor, no strides: the checks say
             key = call = None
         if call is not None:
             if not stream:
                 return call(x, weight, bias)
-            check_state_values(state)
-            y, state = call(x, weight, bias, state)
-            return y, vouch(state)
+            if seen is None:
+                check_state_values(state)
+            return call(x, weight, bias, state)
     spec = _spec(spec)
     if num_channels is not None:
         num_channels = check_num_channels(num_channels)
@@ -70,8 +74,7 @@ def norm(spec: NormSpec, x: torch.Tensor, weight=None, bias=None, eps: float = 1
     if key is not None:
         call = _CALLS[key] = _streaming(backends.resolve(backend, x, backends.STREAM)(c.x, **opts),
                                         c.layout == "b t c", tagged)
-        y, state = call(x, weight, bias, state)
-        return y, vouch(state)
+        return call(x, weight, bias, state)
     forward = backends.resolve(backend, x)
     y, state_out = forward(c.x, weight, bias, c.lengths, state, return_state=return_state, **opts)
     if c.layout == "b t c":
@@ -95,16 +98,17 @@ def _permuted(call):
 
 def _streaming(prepared, permute, tagged):
     """A streaming call (state in and out) of a signature that passed the checks: the backend's prepared stream
-    call, its state tagged (as the class ``tagged``)."""
-    if permute:
-        def call(x, weight, bias, state):
-            y, s = prepared(x.permute(0, 2, 1), weight, bias, state)
-            return y.permute(0, 2, 1), tuple.__new__(tagged, s)  # _make, without its length check
-        return call
+    call, its state tagged (as the class ``tagged``) and vouched for with its fields' meta, the same at every call
+    (read once)."""
+    meta = None
 
     def call(x, weight, bias, state):
-        y, s = prepared(x, weight, bias, state)
-        return y, tuple.__new__(tagged, s)
+        nonlocal meta
+        y, s = prepared(x.permute(0, 2, 1) if permute else x, weight, bias, state)
+        s = tuple.__new__(tagged, s)  # _make, without its length check
+        if meta is None:
+            meta = tuple(map(_meta, s))
+        return (y.permute(0, 2, 1) if permute else y), vouch(s, meta)
     return call
 
 

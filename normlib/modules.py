@@ -112,7 +112,12 @@ class NormLayer(nn.Module):
         return self._norm(x, lengths, state, return_state)
 
     def _norm(self, x, lengths, state, return_state):
-        return norm(self.spec, x, self.weight, self.bias, self.eps, eps_mode=self.eps_mode,
+        # the parameters from their dict where they are there (nn.Module's __getattr__ costs about a microsecond a
+        # call); a parametrized weight (torch.nn.utils.parametrize) is a property of the class: read as one
+        p = self._parameters
+        weight = p["weight"] if "weight" in p else self.weight
+        bias = p["bias"] if "bias" in p else self.bias
+        return norm(self.spec, x, weight, bias, self.eps, eps_mode=self.eps_mode,
                     decay=self.decay, layout=self.layout, lengths=lengths, state=state,
                     return_state=return_state, backend=self.backend, num_channels=self.num_channels,
                     group=None if self._parallel is None else self._parallel.group)

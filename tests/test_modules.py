@@ -211,6 +211,26 @@ def test_parameter_gradients(name):
                                      layer.bias.detach().clone().requires_grad_()])
 
 
+@pytest.mark.parametrize("name", ["cln", "ccln", "gln"])
+def test_a_parametrized_weight_is_read_through_its_parametrization(name):
+    """The layer reads its parameters from their dict where they are there; torch.nn.utils.parametrize moves the
+    weight out of it and computes it: y is the functional's with the computed weight, and its gradient reaches
+    the original."""
+    from torch.nn.utils import parametrize
+
+    class Scaled(nn.Module):
+        def forward(self, w):
+            return 3 * w
+
+    layer = _layer(name, 6)
+    parametrize.register_parametrization(layer, "weight", Scaled())
+    x = make_x(2, 6, 11)
+    y = layer(x)
+    assert_rel(y, run(name, x, torch.full((6,), 3.0), torch.zeros(6)), TOL[F32], name)
+    y.square().sum().backward()
+    assert layer.parametrizations.weight.original.grad.abs().sum() > 0
+
+
 @pytest.mark.parametrize("name", NORMS)
 def test_module_moves_with_to(name):
     layer = _layer(name, 6).to(F64)

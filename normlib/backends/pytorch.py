@@ -550,23 +550,33 @@ def _from64(a, dtype):
     return torch.from_numpy(a if dtype == torch.float64 else a.astype(_NUMPY[dtype]))
 
 
-def _cpu_forward(x, weight, bias, decay, eps, eps_mode, state=None, per_channel=False, keep=False):
+def _orientation(x) -> int:
+    """The pooled loops' way through x's memory: 1 frame after frame ("b t c"), 0 over channel rows (contiguous),
+    -1 over the rows of a contiguous copy."""
+    return 1 if _rows_of_channels(x) else 0 if x.is_contiguous() else -1
+
+
+def _cpu_forward(x, weight, bias, decay, eps, eps_mode, state=None, per_channel=False, keep=False, orient=None):
     """y and the state after the last frame, float64 arrays (3, B) or (3, B, C) per channel; with ``keep``
     (pooled norms) also the running mean and variance of every frame, which the backward reads. Numpy's arrays
-    throughout: a torch op costs more than these calls' work at a streaming hop's sizes."""
+    throughout: a torch op costs more than these calls' work at a streaming hop's sizes. ``orient``: x's
+    _orientation, where a prepared call knows it."""
     B, C, T = x.shape
     xa = x.numpy(force=True)  # a view of x (detached)
     shape = (B, C) if per_channel else (B,)
     w0, m0, q0 = (np.zeros(shape),) * 3 if state is None else \
         (state.w.numpy(force=True), state.m.numpy(force=True), state.m2.numpy(force=True))
+    if not w0.shape == m0.shape == q0.shape == shape:  # the loops read without bounds checks: never past an array
+        raise ValueError(f"the state's fields must have shape {shape}, got {w0.shape}, {m0.shape}, {q0.shape}")
     final = np.empty((3, *shape))
     if per_channel:  # any strides: each channel's row is one recurrence
         y = np.empty_like(xa)  # x's memory order
         cpu.forward_channels(xa, _array(weight), _array(bias), float(decay), float(eps), eps_mode == "inside", y,
                              w0, m0, q0, final)
         return torch.from_numpy(y), final, None, None
-    tc = _rows_of_channels(x)
-    xa = xa.transpose(0, 2, 1) if tc else xa if x.is_contiguous() else np.ascontiguousarray(xa)
+    orient = _orientation(x) if orient is None else orient
+    tc = orient == 1
+    xa = xa.transpose(0, 2, 1) if tc else xa if orient == 0 else np.ascontiguousarray(xa)
     y = np.empty(xa.shape, xa.dtype)
     mus, var = (np.empty((B, T)), np.empty((B, T))) if keep else (_NONE2, _NONE2)
     cpu.forward(xa, _array(weight), _array(bias), float(decay), float(eps), eps_mode == "inside", tc, y, mus, var,
@@ -891,11 +901,13 @@ def prepare_stream(x, *, per_channel, decay, eps, eps_mode):
 
     if decay is None or not C:
         return call
-    if T and _on_cpu_loops(x, None, None):  # any hop: backends/cpu.py (x's dtype and device are the signature's)
+    if T and _on_cpu_loops(x, None, None):  # any hop: backends/cpu.py (x's dtype, device and strides are the
+        orient = _orientation(x)             # signature's)
+
         def looped(x, weight, bias, state):
             if _grad(x, weight, bias, state) or not (_cpu_affine(weight) and _cpu_affine(bias)):
                 return call(x, weight, bias, state)
-            y, out, *_ = _cpu_forward(x, weight, bias, decay, eps, eps_mode, state, per_channel)
+            y, out, *_ = _cpu_forward(x, weight, bias, decay, eps, eps_mode, state, per_channel, orient=orient)
             return y, _state_of(out)
         return looped
     if B == 1 and 1 <= T <= FEW_FRAMES and not per_channel:
