@@ -179,7 +179,8 @@ def main(argv=None) -> int:
     b.add_argument("--backend", choices=("auto", "torch", "triton"), default="auto",
                    help="normlib backend (default auto: Triton on CUDA, PyTorch elsewhere)")
     b.add_argument("--models", action="store_true",
-                   help="also a training step of the example models (normlib.models), small on the CPU")
+                   help="also a training step of the example models (normlib.models) with each norm, small on the "
+                        "CPU")
     b.add_argument("--quick", action="store_true", help="small shapes and short timings (under a minute on a CPU)")
     b.add_argument("--json", metavar="PATH", help="write the rows and the environment as JSON")
     b.add_argument("--plot", metavar="PNG", help="write a chart of normlib's time over each baseline's (matplotlib)")

@@ -181,20 +181,23 @@ class ModelRunner:
             return self.fwd(self.x).clone()
 
 
-def time_models(models, device, small, min_run_time=0.5, progress=None, rounds=1):
-    """Rows of an eager fp32 training step of each example model with normlib's cln, against the same model
-    with the formula, PyTorch's native norm and no norm (``rounds`` alternations, as time_norms)."""
+def time_models(models, device, small, min_run_time=0.5, progress=None, rounds=1, norms=("cln",)):
+    """Rows of an eager fp32 training step of each example model with each of normlib's ``norms``, against the
+    same model with the formula, PyTorch's native norm and no norm (``rounds`` alternations of all of them, as
+    time_norms; the baselines are timed once a model and shared by its rows)."""
     rows = []
     for model in models:
         _, B, shape = SIZES[model]["small" if small else "full"]
-        row = Row("model step", model, (B, *shape), "fp32", "b c t" if model == "conv_tasnet" else "b t c")
-        steps = {label: ModelRunner(model, norm, device=device, small=small).step
-                 for label, norm in (("normlib", "cln"), ("formula", "formula"), ("native", "native"),
-                                     ("none", "none"))}
+        layout = "b c t" if model == "conv_tasnet" else "b t c"
+        steps = {label: ModelRunner(model, label, device=device, small=small).step
+                 for label in (*norms, "formula", "native", "none")}
+        ms = {}
         for _ in range(rounds):
             for label, step in steps.items():
-                row.ms[label] = min(row.ms.get(label, math.inf), _median_ms(step, min_run_time))
-        rows.append(row)
+                ms[label] = min(ms.get(label, math.inf), _median_ms(step, min_run_time))
+        base = {k: ms[k] for k in ("formula", "native", "none")}
+        rows += [Row("model step", f"{model}: {norm}", (B, *shape), "fp32", layout, dict(normlib=ms[norm], **base))
+                 for norm in norms]
         if progress:
             progress()
     return rows
@@ -274,7 +277,7 @@ def run(args) -> int:
     rows += time_streaming(norms, channels, frames, args.backend, device, min_run_time, tick)
     if args.models:
         rows += time_models(list(MODELS), device, small=args.quick or device.type == "cpu", progress=tick,
-                            rounds=1 if args.quick else 3)
+                            rounds=1 if args.quick else 3, norms=norms)
     if bar:
         bar.close()
     env = environment(device)
