@@ -984,7 +984,8 @@ def _strided(x, how):
 @pytest.mark.parametrize("how", ["contiguous", "channels-last", "gapped"])
 @pytest.mark.parametrize("eps_mode", ["inside", "outside"])
 @pytest.mark.parametrize("name", ["cln", "emaln", "ccln", "ccemaln", "frameln"])
-@pytest.mark.parametrize("shape", [(2, 5, 17), (1, 1, 9), (3, 4, 1), (1, 3, 70)], ids=str)
+# (2, 70, 5): per channel, a block of 64 channels and one of 6; (1, 40, 1030): rows 4 KiB apart, blocks of 32 and 8
+@pytest.mark.parametrize("shape", [(2, 5, 17), (1, 1, 9), (3, 4, 1), (1, 3, 70), (2, 70, 5), (1, 40, 1030)], ids=str)
 def test_cpu_loops_match_the_general_path(name, shape, eps_mode, how, monkeypatch):
     """The compiled CPU loops (backends/cpu.py) against the torch ops they replace, forward and every gradient,
     with a state in and out where autograd allows it (a state's gradients stay on the general path), DC offset

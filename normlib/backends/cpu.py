@@ -296,8 +296,8 @@ def _rstd_row(v, eps, inside, r):
 
 
 @_jit_ordered
-def forward_channels(x, w, b, d, eps, inside, y, w0, m0, q0, final):
-    """The per-channel norms (ccln, ccemaln): y of x ((B, C, T) arrays in any strides), each channel its own
+def _forward_block(x, w, b, d, eps, inside, y, w0, m0, q0, final):
+    """forward_channels of a block of channels. The per-channel norms (ccln, ccemaln): y of x ((B, C, T) arrays in any strides), each channel its own
     running statistics, shifted by its frame 0 (or the state's mean, _outweighs); w, b: (C,) or empty. The
     incoming state's w, m, M2: (B, C) float64 each (zeros for none); ``final``: the state after the last frame,
     (3, B, C). Frames go in tiles of TILE, each frame a step over all channels (independent recurrences side by
@@ -352,8 +352,8 @@ def forward_channels(x, w, b, d, eps, inside, y, w0, m0, q0, final):
 
 
 @_jit_ordered
-def backward_channels(x, gy, w, d, eps, inside, dx, dw, db):
-    """dx of forward_channels without a state, and dL/dgamma, dL/dbeta added into dw, db ((C,) float64, zeroed by
+def _backward_block(x, gy, w, d, eps, inside, dx, dw, db):
+    """backward_channels of a block of channels: dx of forward_channels without a state, and dL/dgamma, dL/dbeta added into dw, db ((C,) float64, zeroed by
     the caller): _PooledNorm's formula with one value a frame. Each sequence's running means and variances are
     recomputed first ((T, C) float64), then the reverse scans run tile by tile from the last frame."""
     B, C, T = x.shape
@@ -415,3 +415,39 @@ def backward_channels(x, gy, w, d, eps, inside, dx, dw, db):
                     U[c] = U[c] * d + (-rt * gg - G2 * mt[c]) * invW
                     oj[c] = gg * rt + U[c] + uj[c] * V[c]
             _store_tile(out, t0, n, db_)
+
+
+CHANNELS = 64  # a block of channels: a tile of its frames, and their lines of x, stay in the first-level cache
+
+
+@_jit_ordered
+def _block(x):
+    """Channels a block: half as many where each channel's row is a page or more from the next, so that a tile's
+    rows stay within the TLB ((4, 512, 4000): forward 34 -> 27 ms, backward 81 -> 71; at (2, 64, 500) the full
+    block is faster)."""
+    return CHANNELS if x.strides[1] < 4096 else CHANNELS // 2
+
+
+@_jit_ordered
+def forward_channels(x, w, b, d, eps, inside, y, w0, m0, q0, final):
+    """The per-channel norms (ccln, ccemaln): y of x ((B, C, T) arrays in any strides), each channel its own
+    running statistics, shifted by its frame 0 (or the state's mean, _outweighs); w, b: (C,) or empty. The
+    incoming state's w, m, M2: (B, C) float64 each (zeros for none); ``final``: the state after the last frame,
+    (3, B, C). In blocks of CHANNELS channels; within one, frames go in tiles of TILE, each frame a step over the
+    block's channels (independent recurrences side by side, as vectors)."""
+    C, cb = x.shape[1], _block(x)
+    for c0 in range(0, C, cb):
+        c1 = min(c0 + cb, C)
+        _forward_block(x[:, c0:c1], w[c0:c1] if w.size else w, b[c0:c1] if b.size else b, d, eps, inside,
+                       y[:, c0:c1], w0[:, c0:c1], m0[:, c0:c1], q0[:, c0:c1], final[:, :, c0:c1])
+
+
+@_jit_ordered
+def backward_channels(x, gy, w, d, eps, inside, dx, dw, db):
+    """dx of forward_channels without a state, and dL/dgamma, dL/dbeta added into dw, db ((C,) float64, zeroed by
+    the caller), in blocks of CHANNELS channels."""
+    C, cb = x.shape[1], _block(x)
+    for c0 in range(0, C, cb):
+        c1 = min(c0 + cb, C)
+        _backward_block(x[:, c0:c1], gy[:, c0:c1], w[c0:c1] if w.size else w, d, eps, inside, dx[:, c0:c1],
+                        dw[c0:c1], db[c0:c1])
