@@ -353,9 +353,9 @@ def _forward_block(x, w, b, d, eps, inside, y, w0, m0, q0, final):
 
 @_jit_ordered
 def _backward_block(x, gy, w, d, eps, inside, dx, dw, db):
-    """backward_channels of a block of channels: dx of forward_channels without a state, and dL/dgamma, dL/dbeta added into dw, db ((C,) float64, zeroed by
-    the caller): _PooledNorm's formula with one value a frame. Each sequence's running means and variances are
-    recomputed first ((T, C) float64), then the reverse scans run tile by tile from the last frame."""
+    """backward_channels of a block of channels: dx of forward_channels without a state, and dL/dgamma, dL/dbeta
+    added into dw, db: _PooledNorm's formula with one value a frame. Each sequence's running means and variances
+    are recomputed first ((T, C) float64), then the reverse scans run tile by tile from the last frame."""
     B, C, T = x.shape
     K, mu, M2 = np.empty(C), np.empty(C), np.empty(C)
     U, V = np.empty(C), np.empty(C)
@@ -371,6 +371,7 @@ def _backward_block(x, gy, w, d, eps, inside, dx, dw, db):
             g[c] = w[c]
     u, gt, out = np.empty((TILE, C)), np.empty((TILE, C)), np.empty((TILE, C))
     r = np.empty(C)
+    sw, sb = np.zeros(C), np.zeros(C)  # dgamma and dbeta here: dw and db are the caller's views
     for bi in range(B):
         xb, gb, db_ = x[bi], gy[bi], dx[bi]
         for c in range(C):
@@ -409,12 +410,15 @@ def _backward_block(x, gy, w, d, eps, inside, dx, dw, db):
                         sig = math.sqrt(max(var, _TINY))
                         G2 = -rt / sig * (gg * (uj[c] - mt[c]) * rt) if live and var >= _TINY else 0.0
                     xh = (uj[c] - mt[c]) * rt
-                    dw[c] += gj[c] * xh
-                    db[c] += gj[c]
+                    sw[c] += gj[c] * xh
+                    sb[c] += gj[c]
                     V[c] = V[c] * d + G2 * invW
                     U[c] = U[c] * d + (-rt * gg - G2 * mt[c]) * invW
                     oj[c] = gg * rt + U[c] + uj[c] * V[c]
             _store_tile(out, t0, n, db_)
+    for c in range(C):
+        dw[c] += sw[c]
+        db[c] += sb[c]
 
 
 CHANNELS = 64  # a block of channels: a tile of its frames, and their lines of x, stay in the first-level cache
