@@ -594,7 +594,7 @@ def _state_of(final):
 
 
 class _CpuLoops(torch.autograd.Function):
-    """_PooledNorm's and _ChannelNorm's case on the CPU: the forward and backward of backends/cpu.py, a few
+    """_PooledNorm's and _ChanNorm's case on the CPU: the forward and backward of backends/cpu.py, a few
     passes each, in place of some forty torch ops each way (a CPU's cost of a small layer is its op count)."""
 
     @staticmethod
