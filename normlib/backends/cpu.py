@@ -296,13 +296,12 @@ def _rstd_row(v, eps, inside, r):
 
 
 @_jit_ordered
-def _forward_block(x, w, b, d, eps, inside, y, w0, m0, q0, final):
-    """forward_channels of a block of channels. The per-channel norms (ccln, ccemaln): y of x ((B, C, T) arrays in any strides), each channel its own
-    running statistics, shifted by its frame 0 (or the state's mean, _outweighs); w, b: (C,) or empty. The
-    incoming state's w, m, M2: (B, C) float64 each (zeros for none); ``final``: the state after the last frame,
-    (3, B, C). Frames go in tiles of TILE, each frame a step over all channels (independent recurrences side by
-    side, as vectors)."""
+def _forward_block(x, w, b, d, eps, inside, y, w0, m0, q0, final, sd, sr, sv):
+    """forward_channels of a block of channels (x, y: (B, C, T); sd, sr, sv: (B, T, C) or empty). Frames go in
+    tiles of TILE, each frame a step over the block's channels (independent recurrences side by side, as
+    vectors)."""
     B, C, T = x.shape
+    keep, keep_var = sd.size > 0, sv.size > 0
     K, W, mu, M2 = np.empty(C), np.empty(C), np.empty(C), np.empty(C)
     g, bb = np.ones(C), np.zeros(C)
     for c in range(C):
@@ -314,8 +313,8 @@ def _forward_block(x, w, b, d, eps, inside, y, w0, m0, q0, final):
     v, r = np.empty(C), np.empty(C)
     dT, G = _outweighs(d, T, 1.0)
     for bi in range(B):
-        xb, yb = x[bi], y[bi]
         same = True  # one weight for every channel (no state, or normlib's): W_t, 1 / W_t once a frame
+        xb, yb = x[bi], y[bi]
         for c in range(C):
             Wc = w0[bi, c]
             K[c] = m0[bi, c] if Wc > 0 and Wc * dT > G else xb[c, 0]
@@ -346,20 +345,26 @@ def _forward_block(x, w, b, d, eps, inside, y, w0, m0, q0, final):
                 _rstd_row(v, eps, inside, r)
                 for c in range(C):
                     oj[c] = (uj[c] - mu[c]) * (r[c] * g[c]) + bb[c]
+                if keep:  # what the backward reads of this frame: x - mu (so mu = x - it, to x's digits) and r
+                    t = t0 + j
+                    sdt, srt = sd[bi, t], sr[bi, t]
+                    for c in range(C):
+                        sdt[c] = uj[c] - mu[c]
+                        srt[c] = r[c]
+                    if keep_var:
+                        svt = sv[bi, t]
+                        for c in range(C):
+                            svt[c] = v[c]
             _store_tile(out, t0, n, yb)
         for c in range(C):
             final[0, bi, c], final[1, bi, c], final[2, bi, c] = W[c], mu[c] + K[c], M2[c]
 
 
 @_jit_ordered
-def _backward_block(x, gy, w, d, eps, inside, dx, dw, db):
-    """backward_channels of a block of channels: dx of forward_channels without a state, and dL/dgamma, dL/dbeta
-    added into dw, db: _PooledNorm's formula with one value a frame. Each sequence's running means and variances
-    are recomputed first ((T, C) float64), then the reverse scans run tile by tile from the last frame."""
+def _backward_block(x, gy, w, d, eps, inside, dx, dw, db, sd, sr, sv):
+    """backward_channels of a block of channels: the reverse scans, tile by tile from the last frame."""
     B, C, T = x.shape
-    K, mu, M2 = np.empty(C), np.empty(C), np.empty(C)
-    U, V = np.empty(C), np.empty(C)
-    mus, vars_ = np.empty((T, C)), np.empty((T, C))
+    K, U, V = np.empty(C), np.empty(C), np.empty(C)
     Ws = np.empty(T)
     W = 0.0
     for t in range(T):  # no state: one weight for every channel
@@ -370,28 +375,13 @@ def _backward_block(x, gy, w, d, eps, inside, dx, dw, db):
         if w.size:
             g[c] = w[c]
     u, gt, out = np.empty((TILE, C)), np.empty((TILE, C)), np.empty((TILE, C))
-    r = np.empty(C)
     sw, sb = np.zeros(C), np.zeros(C)  # dgamma and dbeta here: dw and db are the caller's views
+    zero = np.zeros(C)
+    last = (T - 1) // TILE * TILE
     for bi in range(B):
         xb, gb, db_ = x[bi], gy[bi], dx[bi]
         for c in range(C):
-            K[c], mu[c], M2[c], U[c], V[c] = xb[c, 0], 0.0, 0.0, 0.0, 0.0
-        for t0 in range(0, T, TILE):
-            n = min(TILE, T - t0)
-            _load_tile(xb, t0, n, K, u)
-            for j in range(n):
-                t = t0 + j
-                Wn = Ws[t]
-                dW = Wn - 1.0 if t == 0 else d * Ws[t - 1]
-                inv = 1.0 / Wn
-                uj, mt, vt = u[j], mus[t], vars_[t]
-                for c in range(C):
-                    m, M2[c] = _chan_step(uj[c], mu[c], M2[c], d, dW, inv)
-                    mu[c] = m
-                    mt[c] = m
-                    vt[c] = M2[c] * inv if Wn > 1.0 else 1.0
-        zero = np.zeros(C)
-        last = (T - 1) // TILE * TILE
+            K[c], U[c], V[c] = xb[c, 0], 0.0, 0.0
         for t0 in range(last, -1, -TILE):
             n = min(TILE, T - t0)
             _load_tile(xb, t0, n, K, u)
@@ -399,21 +389,21 @@ def _backward_block(x, gy, w, d, eps, inside, dx, dw, db):
             for j in range(n - 1, -1, -1):
                 t = t0 + j
                 invW, live = 1.0 / Ws[t], Ws[t] > 1.0
-                uj, gj, oj, mt, vt = u[j], gt[j], out[j], mus[t], vars_[t]
-                _rstd_row(vt, eps, inside, r)
+                uj, gj, oj, sdt, srt = u[j], gt[j], out[j], sd[bi, t], sr[bi, t]
                 for c in range(C):  # _frame_terms with A = g dy and S = g dy x^, written out once a frame
                     gg = g[c] * gj[c]
-                    var, rt = vt[c], r[c]
+                    dv, rt = np.float64(sdt[c]), np.float64(srt[c])
                     if inside:
-                        G2 = -rt * rt * (gg * (uj[c] - mt[c]) * rt) if live else 0.0
+                        G2 = -rt * rt * (gg * dv * rt) if live else 0.0
                     else:
+                        var = np.float64(sv[bi, t, c])
                         sig = math.sqrt(max(var, _TINY))
-                        G2 = -rt / sig * (gg * (uj[c] - mt[c]) * rt) if live and var >= _TINY else 0.0
-                    xh = (uj[c] - mt[c]) * rt
+                        G2 = -rt / sig * (gg * dv * rt) if live and var >= _TINY else 0.0
+                    xh = dv * rt
                     sw[c] += gj[c] * xh
                     sb[c] += gj[c]
                     V[c] = V[c] * d + G2 * invW
-                    U[c] = U[c] * d + (-rt * gg - G2 * mt[c]) * invW
+                    U[c] = U[c] * d + (-rt * gg - G2 * (uj[c] - dv)) * invW
                     oj[c] = gg * rt + U[c] + uj[c] * V[c]
             _store_tile(out, t0, n, db_)
     for c in range(C):
@@ -433,25 +423,37 @@ def _block(x):
 
 
 @_jit_ordered
-def forward_channels(x, w, b, d, eps, inside, y, w0, m0, q0, final):
-    """The per-channel norms (ccln, ccemaln): y of x ((B, C, T) arrays in any strides), each channel its own
-    running statistics, shifted by its frame 0 (or the state's mean, _outweighs); w, b: (C,) or empty. The
-    incoming state's w, m, M2: (B, C) float64 each (zeros for none); ``final``: the state after the last frame,
-    (3, B, C). In blocks of CHANNELS channels; within one, frames go in tiles of TILE, each frame a step over the
-    block's channels (independent recurrences side by side, as vectors)."""
-    C, cb = x.shape[1], _block(x)
-    for c0 in range(0, C, cb):
-        c1 = min(c0 + cb, C)
-        _forward_block(x[:, c0:c1], w[c0:c1] if w.size else w, b[c0:c1] if b.size else b, d, eps, inside,
-                       y[:, c0:c1], w0[:, c0:c1], m0[:, c0:c1], q0[:, c0:c1], final[:, :, c0:c1])
+def _blocked(a, B, T, c0, c1):
+    """Channels c0 .. c1 of a saved (B, T, C) statistic stored block after block: each block's (B, T, c1 - c0)
+    part is contiguous, so that a frame's row of it is one vector (empty where none is kept)."""
+    return a[B * T * c0:B * T * c1].reshape((B, T, c1 - c0)) if a.size else a[:0].reshape((0, 0, 0))
 
 
 @_jit_ordered
-def backward_channels(x, gy, w, d, eps, inside, dx, dw, db):
-    """dx of forward_channels without a state, and dL/dgamma, dL/dbeta added into dw, db ((C,) float64, zeroed by
-    the caller), in blocks of CHANNELS channels."""
-    C, cb = x.shape[1], _block(x)
+def forward_channels(x, w, b, d, eps, inside, y, w0, m0, q0, final, sd, sr, sv):
+    """The per-channel norms (ccln, ccemaln): y of x ((B, C, T) arrays in any strides), each channel its own
+    running statistics, shifted by its frame 0 (or the state's mean, _outweighs); w, b: (C,) or empty. The
+    incoming state's w, m, M2: (B, C) float64 each (zeros for none); ``final``: the state after the last frame,
+    (3, B, C). For the backward, where sd and sr hold B T C values (else empty): each value's x - mu and r, and
+    with eps outside the root its variance into sv (_blocked). In blocks of CHANNELS channels."""
+    B, C, T = x.shape
+    cb = _block(x)
+    for c0 in range(0, C, cb):
+        c1 = min(c0 + cb, C)
+        _forward_block(x[:, c0:c1], w[c0:c1] if w.size else w, b[c0:c1] if b.size else b, d, eps, inside,
+                       y[:, c0:c1], w0[:, c0:c1], m0[:, c0:c1], q0[:, c0:c1], final[:, :, c0:c1],
+                       _blocked(sd, B, T, c0, c1), _blocked(sr, B, T, c0, c1), _blocked(sv, B, T, c0, c1))
+
+
+@_jit_ordered
+def backward_channels(x, gy, w, d, eps, inside, dx, dw, db, sd, sr, sv):
+    """dx of forward_channels without a state, from the forward's sd, sr (and sv), and dL/dgamma, dL/dbeta added
+    into dw, db ((C,) float64, zeroed by the caller), in blocks of CHANNELS channels: _PooledNorm's formula with
+    one value a frame, its reverse scans tile by tile from the last frame."""
+    B, C, T = x.shape
+    cb = _block(x)
     for c0 in range(0, C, cb):
         c1 = min(c0 + cb, C)
         _backward_block(x[:, c0:c1], gy[:, c0:c1], w[c0:c1] if w.size else w, d, eps, inside, dx[:, c0:c1],
-                        dw[c0:c1], db[c0:c1])
+                        dw[c0:c1], db[c0:c1], _blocked(sd, B, T, c0, c1), _blocked(sr, B, T, c0, c1),
+                        _blocked(sv, B, T, c0, c1))

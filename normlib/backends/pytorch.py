@@ -557,10 +557,11 @@ def _orientation(x) -> int:
 
 
 def _cpu_forward(x, weight, bias, decay, eps, eps_mode, state=None, per_channel=False, keep=False, orient=None):
-    """y and the state after the last frame, float64 arrays (3, B) or (3, B, C) per channel; with ``keep``
-    (pooled norms) also the running mean and variance of every frame, which the backward reads. Numpy's arrays
-    throughout: a torch op costs more than these calls' work at a streaming hop's sizes. ``orient``: x's
-    _orientation, where a prepared call knows it."""
+    """y and the state after the last frame, float64 arrays (3, B) or (3, B, C) per channel; with ``keep``, what
+    the backward reads: pooled, the running mean and variance of every frame; per channel, each value's x - mu
+    and r (and variance, eps outside the root), as arrays of x's size and dtype. Numpy's arrays throughout: a torch
+    op costs more than these calls' work at a streaming hop's sizes. ``orient``: x's _orientation, where a
+    prepared call knows it."""
     B, C, T = x.shape
     xa = x.numpy(force=True)  # a view of x (detached)
     shape = (B, C) if per_channel else (B,)
@@ -571,9 +572,12 @@ def _cpu_forward(x, weight, bias, decay, eps, eps_mode, state=None, per_channel=
     final = np.empty((3, *shape))
     if per_channel:  # any strides: each channel's row is one recurrence
         y = np.empty_like(xa)  # x's memory order
-        cpu.forward_channels(xa, _array(weight), _array(bias), float(decay), float(eps), eps_mode == "inside", y,
-                             w0, m0, q0, final)
-        return torch.from_numpy(y), final, None, None
+        inside = eps_mode == "inside"
+        # with keep, the backward's x - mu and r of every value (and the variance, eps outside the root)
+        sd, sr, sv = (np.empty(B * T * C if keep and (i < 2 or not inside) else 0, xa.dtype) for i in range(3))
+        cpu.forward_channels(xa, _array(weight), _array(bias), float(decay), float(eps), inside, y, w0, m0, q0,
+                             final, sd, sr, sv)
+        return torch.from_numpy(y), final, (sd, sr, sv) if keep else None, None
     orient = _orientation(x) if orient is None else orient
     tc = orient == 1
     xa = xa.transpose(0, 2, 1) if tc else xa if orient == 0 else np.ascontiguousarray(xa)
@@ -599,10 +603,10 @@ class _CpuLoops(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, decay, eps, eps_mode, per_channel):
-        y, _, mus, var = _cpu_forward(x, weight, bias, decay, eps, eps_mode, per_channel=per_channel,
-                                      keep=not per_channel)
+        y, _, mus, var = _cpu_forward(x, weight, bias, decay, eps, eps_mode, per_channel=per_channel, keep=True)
         ctx.save_for_backward(x, weight)
-        ctx.stats = (mus, var, decay, eps, eps_mode, per_channel)  # per channel: recomputed (the size of x)
+        # pooled: each frame's running mean and variance; per channel, each value's x - mu and r (x's size each)
+        ctx.stats = (mus, var, decay, eps, eps_mode, per_channel)
         ctx.bias_dtype = None if bias is None else bias.dtype
         return y
 
@@ -616,8 +620,9 @@ class _CpuLoops(torch.autograd.Function):
         gy = gy if gy.dtype == x.dtype else gy.to(x.dtype)
         if per_channel:
             dx = torch.empty_like(x)
+            sd, sr, sv = mus
             cpu.backward_channels(x.detach().numpy(), gy.numpy(), _array(weight), float(decay), float(eps),
-                                  eps_mode == "inside", dx.numpy(), dw, db)
+                                  eps_mode == "inside", dx.numpy(), dw, db, sd, sr, sv)
         else:
             xv, tc = _cpu_arrays(x.detach())
             gv = (gy.transpose(1, 2) if tc else gy).contiguous()
