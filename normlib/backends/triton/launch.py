@@ -447,7 +447,7 @@ def _tiles_for(x, per_channel, decay) -> list[int]:
     span_f, span_b = (max(1, triton.cdiv(nt, max(1, k * sms // max(1, B * ncb)))) for k in per_sm)
     if strip == 2 and strip_b == 1:  # see strip_for: whole sequences
         span_f = span_b = max(1, nt)
-    if span_f < SEG_MIN_TILES:
+    if statically_known_true(span_f < SEG_MIN_TILES):  # a symbolic T keeps its own: a guard would recompile
         span_f = span_b
     span, span_b = (_OVERRIDE.get("span", v) for v in (span_f, span_b))
     deterministic = torch.are_deterministic_algorithms_enabled()
@@ -641,8 +641,11 @@ def _steps(kernel, p: Plan, tiles, shape, device, per_channel, backward=False, m
     spans = ("span", B * p.ncb * p.nspan * 3 * p.sc)
     if p.mode == GLOBAL and strip:  # one launch: each program sums its sequence, then normalizes it
         return [_Step(kernel, B * p.ncb, **kw, ws_ptr=x, ctr_ptr=x, PHASE=2, SPAN=1)], None
+    # a symbolic count of spans (dynamic shapes) takes the scan, and SEG both phases, whatever it comes to: each is
+    # right for any count (one span's scan is empty), where a guard on it would recompile at a new range of T
+    many = not statically_known_true(p.nspan <= SCAN_SPANS)
     if p.mode == GLOBAL:
-        scanned = p.nspan > SCAN_SPANS
+        scanned = many
         steps = [_Step(kernel, B * p.ncb * p.nspan, **kw, ws_ptr=ws, ctr_ptr=x, PHASE=1, SPAN=p.span,
                        SCANNED=False)]
         if scanned:
@@ -653,9 +656,9 @@ def _steps(kernel, p: Plan, tiles, shape, device, per_channel, backward=False, m
     if p.mode == FRAME:
         return [_Step(kernel, B * p.ncb * p.nt, **kw, ws_ptr=x, ctr_ptr=x, PHASE=0, SPAN=1)], None
     if tiles[7] == 2:  # SEG: each program sums a segment, then each walks one (one segment: nothing to sum)
-        scanned = p.nspan > SCAN_SPANS
+        scanned = many
         steps = []
-        for phase in (1, 2) if p.nspan > 1 else (2,):
+        for phase in (2,) if statically_known_true(p.nspan <= 1) else (1, 2):
             if phase == 2 and scanned:
                 steps.append(_scan_step(p, B, backward, p.log2d * p.block_t * triton.cdiv(p.nt, p.nspan), False,
                                         device))
@@ -687,7 +690,7 @@ def _scan_step(p: Plan, B, backward, log2d_span, whole, device):
     full = B * p.ncb * triton.cdiv(p.sc, 4) >= _num_sms(device)
     bs = min(p.sc, _OVERRIDE.get("scan_block", 4 if full else 1))
     return _Step(span_scan, B * p.ncb, triton.cdiv(p.sc, bs), ws_ptr=_Role("ws"), NSPAN=p.nspan,
-                 log2d_span=log2d_span, SC=p.sc, BLOCK_R=min(SCAN_ROWS, triton.next_power_of_2(p.nspan)),
+                 log2d_span=log2d_span, SC=p.sc, BLOCK_R=_pow2_min(p.nspan, SCAN_ROWS),
                  BLOCK_S=bs, LINEAR=backward, ALL=whole, num_warps=4)
 
 
