@@ -247,21 +247,26 @@ TILE = 16  # frames a per-channel tile holds: each step runs over contiguous cha
 
 
 @_jit_ordered
-def _load_tile(xb, t0, n, K, u):
-    """Frames t0 .. t0 + n of a (C, T) sequence, relative to each channel's shift, into u's rows (n, C) float64.
-    Frame after frame in either memory order: a tile's lines stay in the cache while its frames are read."""
+def _load_tile(x, bi, t0, n, c0, K, u):
+    """Frames t0 .. t0 + n of sequence bi of a (B, T, C) array, channels c0 .. c0 + C (C: u's width), relative to
+    each channel's shift, into u's rows (n, C) float64. Frame after frame: a tile's lines stay in the cache while
+    its frames are read; each frame's channels are a row slice, one vector load where channels are contiguous
+    ("b t c" memory: the slice of a C-ordered array is C-ordered, where an index c0 + c would keep a test for
+    negative indices in the loop)."""
     C = u.shape[1]
     for j in range(n):
+        row, uj = x[bi, t0 + j, c0:c0 + C], u[j]
         for c in range(C):
-            u[j, c] = xb[c, t0 + j] - K[c]
+            uj[c] = row[c] - K[c]
 
 
 @_jit_ordered
-def _store_tile(out, t0, n, yb):
+def _store_tile(out, y, bi, t0, n, c0):
     C = out.shape[1]
     for j in range(n):
+        row, oj = y[bi, t0 + j, c0:c0 + C], out[j]
         for c in range(C):
-            yb[c, t0 + j] = out[j, c]
+            row[c] = oj[c]
 
 
 @_jit_ordered
@@ -296,11 +301,11 @@ def _rstd_row(v, eps, inside, r):
 
 
 @_jit_ordered
-def _forward_block(x, w, b, d, eps, inside, y, w0, m0, q0, final, sd, sr, sv):
-    """forward_channels of a block of channels (x, y: (B, C, T); sd, sr, sv: (B, T, C) or empty). Frames go in
-    tiles of TILE, each frame a step over the block's channels (independent recurrences side by side, as
-    vectors)."""
-    B, C, T = x.shape
+def _forward_block(x, w, b, d, eps, inside, y, w0, m0, q0, final, sd, sr, sv, c0, c1):
+    """forward_channels of channels c0 .. c1 (x, y: the whole (B, T, C) arrays; the others the block's own, sd,
+    sr and sv (B, T, c1 - c0) or empty). Frames go in tiles of TILE, each frame a step over the block's channels
+    (independent recurrences side by side, as vectors)."""
+    B, T, C = x.shape[0], x.shape[1], c1 - c0
     keep, keep_var = sd.size > 0, sv.size > 0
     K, W, mu, M2 = np.empty(C), np.empty(C), np.empty(C), np.empty(C)
     g, bb = np.ones(C), np.zeros(C)
@@ -314,16 +319,15 @@ def _forward_block(x, w, b, d, eps, inside, y, w0, m0, q0, final, sd, sr, sv):
     dT, G = _outweighs(d, T, 1.0)
     for bi in range(B):
         same = True  # one weight for every channel (no state, or normlib's): W_t, 1 / W_t once a frame
-        xb, yb = x[bi], y[bi]
         for c in range(C):
             Wc = w0[bi, c]
-            K[c] = m0[bi, c] if Wc > 0 and Wc * dT > G else xb[c, 0]
+            K[c] = m0[bi, c] if Wc > 0 and Wc * dT > G else x[bi, 0, c0 + c]
             mu[c] = m0[bi, c] - K[c] if Wc > 0 else 0.0
             W[c], M2[c] = Wc, q0[bi, c]
             same = same and Wc == w0[bi, 0]
         for t0 in range(0, T, TILE):
             n = min(TILE, T - t0)
-            _load_tile(xb, t0, n, K, u)
+            _load_tile(x, bi, t0, n, c0, K, u)
             for j in range(n):
                 uj, oj = u[j], out[j]
                 if same:
@@ -355,15 +359,16 @@ def _forward_block(x, w, b, d, eps, inside, y, w0, m0, q0, final, sd, sr, sv):
                         svt = sv[bi, t]
                         for c in range(C):
                             svt[c] = v[c]
-            _store_tile(out, t0, n, yb)
+            _store_tile(out, y, bi, t0, n, c0)
         for c in range(C):
             final[0, bi, c], final[1, bi, c], final[2, bi, c] = W[c], mu[c] + K[c], M2[c]
 
 
 @_jit_ordered
-def _backward_block(x, gy, w, d, eps, inside, dx, dw, db, sd, sr, sv):
-    """backward_channels of a block of channels: the reverse scans, tile by tile from the last frame."""
-    B, C, T = x.shape
+def _backward_block(x, gy, w, d, eps, inside, dx, dw, db, sd, sr, sv, c0, c1):
+    """backward_channels of channels c0 .. c1 (x, gy, dx whole, the others the block's own, as _forward_block's):
+    the reverse scans, tile by tile from the last frame."""
+    B, T, C = x.shape[0], x.shape[1], c1 - c0
     K, U, V = np.empty(C), np.empty(C), np.empty(C)
     Ws = np.empty(T)
     W = 0.0
@@ -379,13 +384,12 @@ def _backward_block(x, gy, w, d, eps, inside, dx, dw, db, sd, sr, sv):
     zero = np.zeros(C)
     last = (T - 1) // TILE * TILE
     for bi in range(B):
-        xb, gb, db_ = x[bi], gy[bi], dx[bi]
         for c in range(C):
-            K[c], U[c], V[c] = xb[c, 0], 0.0, 0.0
+            K[c], U[c], V[c] = x[bi, 0, c0 + c], 0.0, 0.0
         for t0 in range(last, -1, -TILE):
             n = min(TILE, T - t0)
-            _load_tile(xb, t0, n, K, u)
-            _load_tile(gb, t0, n, zero, gt)
+            _load_tile(x, bi, t0, n, c0, K, u)
+            _load_tile(gy, bi, t0, n, c0, zero, gt)
             for j in range(n - 1, -1, -1):
                 t = t0 + j
                 invW, live = 1.0 / Ws[t], Ws[t] > 1.0
@@ -405,7 +409,7 @@ def _backward_block(x, gy, w, d, eps, inside, dx, dw, db, sd, sr, sv):
                     V[c] = V[c] * d + G2 * invW
                     U[c] = U[c] * d + (-rt * gg - G2 * (uj[c] - dv)) * invW
                     oj[c] = gg * rt + U[c] + uj[c] * V[c]
-            _store_tile(out, t0, n, db_)
+            _store_tile(out, dx, bi, t0, n, c0)
     for c in range(C):
         dw[c] += sw[c]
         db[c] += sb[c]
@@ -419,7 +423,7 @@ def _block(x):
     """Channels a block: half as many where each channel's row is more than half a page from the next, so that a
     tile's rows stay within the TLB ((16, 512, 1000): forward 49 -> 30 ms; (4, 512, 4000): 34 -> 27 ms; at (2, 64,
     500) the full block is faster)."""
-    return CHANNELS if x.strides[1] <= 2048 else CHANNELS // 2
+    return CHANNELS if x.strides[2] <= 2048 else CHANNELS // 2
 
 
 @_jit_ordered
@@ -431,29 +435,29 @@ def _blocked(a, B, T, c0, c1):
 
 @_jit_ordered
 def forward_channels(x, w, b, d, eps, inside, y, w0, m0, q0, final, sd, sr, sv):
-    """The per-channel norms (ccln, ccemaln): y of x ((B, C, T) arrays in any strides), each channel its own
-    running statistics, shifted by its frame 0 (or the state's mean, _outweighs); w, b: (C,) or empty. The
-    incoming state's w, m, M2: (B, C) float64 each (zeros for none); ``final``: the state after the last frame,
-    (3, B, C). For the backward, where sd and sr hold B T C values (else empty): each value's x - mu and r, and
-    with eps outside the root its variance into sv (_blocked). In blocks of CHANNELS channels."""
-    B, C, T = x.shape
+    """The per-channel norms (ccln, ccemaln): y of x ((B, T, C) arrays in any strides: a "b c t" tensor's view
+    transposed, a "b t c" one's own), each channel its own running statistics, shifted by its frame 0 (or the
+    state's mean, _outweighs); w, b: (C,) or empty. The incoming state's w, m, M2: (B, C) float64 each (zeros for
+    none); ``final``: the state after the last frame, (3, B, C). For the backward, where sd and sr hold B T C
+    values (else empty): each value's x - mu and r, and with eps outside the root its variance into sv
+    (_blocked). In blocks of CHANNELS channels."""
+    B, T, C = x.shape
     cb = _block(x)
     for c0 in range(0, C, cb):
         c1 = min(c0 + cb, C)
-        _forward_block(x[:, c0:c1], w[c0:c1] if w.size else w, b[c0:c1] if b.size else b, d, eps, inside,
-                       y[:, c0:c1], w0[:, c0:c1], m0[:, c0:c1], q0[:, c0:c1], final[:, :, c0:c1],
-                       _blocked(sd, B, T, c0, c1), _blocked(sr, B, T, c0, c1), _blocked(sv, B, T, c0, c1))
+        _forward_block(x, w[c0:c1] if w.size else w, b[c0:c1] if b.size else b, d, eps, inside, y,
+                       w0[:, c0:c1], m0[:, c0:c1], q0[:, c0:c1], final[:, :, c0:c1], _blocked(sd, B, T, c0, c1),
+                       _blocked(sr, B, T, c0, c1), _blocked(sv, B, T, c0, c1), c0, c1)
 
 
 @_jit_ordered
 def backward_channels(x, gy, w, d, eps, inside, dx, dw, db, sd, sr, sv):
     """dx of forward_channels without a state, from the forward's sd, sr (and sv), and dL/dgamma, dL/dbeta added
-    into dw, db ((C,) float64, zeroed by the caller), in blocks of CHANNELS channels: _PooledNorm's formula with
-    one value a frame, its reverse scans tile by tile from the last frame."""
-    B, C, T = x.shape
+    into dw, db ((C,) float64, zeroed by the caller); arrays as forward_channels', in blocks of CHANNELS channels:
+    _PooledNorm's formula with one value a frame, its reverse scans tile by tile from the last frame."""
+    B, T, C = x.shape
     cb = _block(x)
     for c0 in range(0, C, cb):
         c1 = min(c0 + cb, C)
-        _backward_block(x[:, c0:c1], gy[:, c0:c1], w[c0:c1] if w.size else w, d, eps, inside, dx[:, c0:c1],
-                        dw[c0:c1], db[c0:c1], _blocked(sd, B, T, c0, c1), _blocked(sr, B, T, c0, c1),
-                        _blocked(sv, B, T, c0, c1))
+        _backward_block(x, gy, w[c0:c1] if w.size else w, d, eps, inside, dx, dw[c0:c1], db[c0:c1],
+                        _blocked(sd, B, T, c0, c1), _blocked(sr, B, T, c0, c1), _blocked(sv, B, T, c0, c1), c0, c1)

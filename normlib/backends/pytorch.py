@@ -570,13 +570,13 @@ def _cpu_forward(x, weight, bias, decay, eps, eps_mode, state=None, per_channel=
     if not w0.shape == m0.shape == q0.shape == shape:  # the loops read without bounds checks: never past an array
         raise ValueError(f"the state's fields must have shape {shape}, got {w0.shape}, {m0.shape}, {q0.shape}")
     final = np.empty((3, *shape))
-    if per_channel:  # any strides: each channel's row is one recurrence
+    if per_channel:  # (B, T, C) views in any strides: each channel's row is one recurrence
         y = np.empty_like(xa)  # x's memory order
         inside = eps_mode == "inside"
         # with keep, the backward's x - mu and r of every value (and the variance, eps outside the root)
         sd, sr, sv = (np.empty(B * T * C if keep and (i < 2 or not inside) else 0, xa.dtype) for i in range(3))
-        cpu.forward_channels(xa, _array(weight), _array(bias), float(decay), float(eps), inside, y, w0, m0, q0,
-                             final, sd, sr, sv)
+        cpu.forward_channels(xa.transpose(0, 2, 1), _array(weight), _array(bias), float(decay), float(eps), inside,
+                             y.transpose(0, 2, 1), w0, m0, q0, final, sd, sr, sv)
         return torch.from_numpy(y), final, (sd, sr, sv) if keep else None, None
     orient = _orientation(x) if orient is None else orient
     tc = orient == 1
@@ -621,8 +621,9 @@ class _CpuLoops(torch.autograd.Function):
         if per_channel:
             dx = torch.empty_like(x)
             sd, sr, sv = mus
-            cpu.backward_channels(x.detach().numpy(), gy.numpy(), _array(weight), float(decay), float(eps),
-                                  eps_mode == "inside", dx.numpy(), dw, db, sd, sr, sv)
+            cpu.backward_channels(x.detach().numpy().transpose(0, 2, 1), gy.numpy().transpose(0, 2, 1),
+                                  _array(weight), float(decay), float(eps), eps_mode == "inside",
+                                  dx.numpy().transpose(0, 2, 1), dw, db, sd, sr, sv)
         else:
             xv, tc = _cpu_arrays(x.detach())
             gv = (gy.transpose(1, 2) if tc else gy).contiguous()
