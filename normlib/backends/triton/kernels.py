@@ -1448,7 +1448,7 @@ def sum_partials(p_ptr, gw_ptr, gb_ptr, R, C, BLOCK_R: tl.constexpr, BLOCK_C: tl
 
 
 @triton.jit
-def span_scan(ws_ptr, NSPAN, log2d_span, SC: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr,
+def span_scan(ws_ptr, NSPAN, log2d, SPAN_FRAMES, SC: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr,
               LINEAR: tl.constexpr, ALL: tl.constexpr = False):
     """SEG's segment summaries [seq, NSPAN, 3, SC] into running ones, in place, so that a walk reads one
     record for its prefix instead of combining all the segments before it (work quadratic in NSPAN: ccln
@@ -1460,7 +1460,9 @@ def span_scan(ws_ptr, NSPAN, log2d_span, SC: tl.constexpr, BLOCK_R: tl.constexpr
     walk never reads (the last forward, the first backward) is left alone, unless ALL: GLOBAL's span sums,
     whose totals (the last record forward, the first backward) every tile reads (instln "b t c" (1, 128,
     256000): 4000 tiles of a sequence each combined its 130 spans, 0.8 GB of reads for 131 MB of x)."""
-    log2d_span = _f32(log2d_span)
+    # d per span from log2 d and the span's frames (ints): a float made of symbolic sizes (dynamic shapes) would
+    # reach Inductor's launcher as an int
+    log2d_span = _f32(log2d) * SPAN_FRAMES
     seq = tl.program_id(0)
     offs_s = tl.program_id(1) * BLOCK_S + tl.arange(0, BLOCK_S)
     m_s = offs_s < SC

@@ -649,7 +649,7 @@ def _steps(kernel, p: Plan, tiles, shape, device, per_channel, backward=False, m
         steps = [_Step(kernel, B * p.ncb * p.nspan, **kw, ws_ptr=ws, ctr_ptr=x, PHASE=1, SPAN=p.span,
                        SCANNED=False)]
         if scanned:
-            steps.append(_scan_step(p, B, backward, 0.0, True, device))
+            steps.append(_scan_step(p, B, backward, 1, True, device))
         steps.append(_Step(kernel, B * p.ncb * p.nt, **kw, ws_ptr=ws, ctr_ptr=x, PHASE=2, SPAN=p.span,
                            SCANNED=scanned))
         return steps, spans
@@ -660,7 +660,7 @@ def _steps(kernel, p: Plan, tiles, shape, device, per_channel, backward=False, m
         steps = []
         for phase in (2,) if statically_known_true(p.nspan <= 1) else (1, 2):
             if phase == 2 and scanned:
-                steps.append(_scan_step(p, B, backward, p.log2d * p.block_t * triton.cdiv(p.nt, p.nspan), False,
+                steps.append(_scan_step(p, B, backward, p.block_t * triton.cdiv(p.nt, p.nspan), False,
                                         device))
             steps.append(_Step(kernel, B * p.ncb * p.nspan, **kw, ws_ptr=ws, ctr_ptr=x, PHASE=phase, SPAN=1,
                                SEG=True, SCANNED=phase == 2 and scanned))
@@ -683,14 +683,14 @@ def _grid(n):
     return n
 
 
-def _scan_step(p: Plan, B, backward, log2d_span, whole, device):
+def _scan_step(p: Plan, B, backward, span_frames, whole, device):
     """span_scan over the span records of each of the B x NCB sequences (whole: GLOBAL's, all of them)."""
     # 4 statistics a program, or 1 where that leaves SMs idle: each program walks every span in turn (ccln
     # (1, 128, 256000) bf16 "b t c": 32 programs of 4 over 1561 spans took 58 of the forward's 204 µs)
     full = B * p.ncb * triton.cdiv(p.sc, 4) >= _num_sms(device)
     bs = min(p.sc, _OVERRIDE.get("scan_block", 4 if full else 1))
     return _Step(span_scan, B * p.ncb, triton.cdiv(p.sc, bs), ws_ptr=_Role("ws"), NSPAN=p.nspan,
-                 log2d_span=log2d_span, SC=p.sc, BLOCK_R=_pow2_min(p.nspan, SCAN_ROWS),
+                 log2d=p.log2d, SPAN_FRAMES=span_frames, SC=p.sc, BLOCK_R=_pow2_min(p.nspan, SCAN_ROWS),
                  BLOCK_S=bs, LINEAR=backward, ALL=whole, num_warps=4)
 
 
