@@ -574,7 +574,10 @@ def _cpu_forward(x, weight, bias, decay, eps, eps_mode, state=None, per_channel=
         y = np.empty_like(xa)  # x's memory order
         inside = eps_mode == "inside"
         # with keep, the backward's x - mu and r of every value (and the variance, eps outside the root)
-        sd, sr, sv = (np.empty(B * T * C if keep and (i < 2 or not inside) else 0, xa.dtype) for i in range(3))
+        if keep:
+            sd, sr, sv = (np.empty(B * T * C if i < 2 or not inside else 0, xa.dtype) for i in range(3))
+        else:  # a stream's hop: none, and no allocation
+            sd = sr = sv = _NO_STATS[xa.dtype.itemsize == 8]
         cpu.forward_channels(xa.transpose(0, 2, 1), _array(weight), _array(bias), float(decay), float(eps), inside,
                              y.transpose(0, 2, 1), w0, m0, q0, final, sd, sr, sv)
         return torch.from_numpy(y), final, (sd, sr, sv) if keep else None, None
@@ -590,6 +593,7 @@ def _cpu_forward(x, weight, bias, decay, eps, eps_mode, state=None, per_channel=
 
 
 _NONE2 = np.empty((0, 0))  # statistics not kept
+_NO_STATS = (np.empty(0, np.float32), np.empty(0, np.float64))  # per channel, by x's dtype
 
 
 def _state_of(final):
