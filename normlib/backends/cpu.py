@@ -1,14 +1,17 @@
-"""Compiled CPU loops (numba) for the PyTorch backend's most common call: a pooled running norm (cln, emaln) of
-whole sequences, forward and backward, on float32 or float64 CPU tensors.
+"""Compiled CPU loops (numba) for the PyTorch backend's most common calls: a running norm (cln, emaln, frameln as
+decay 0, and per channel ccln, ccemaln) of whole sequences, forward and backward, and a streaming hop with its
+state, on float32 or float64 CPU tensors.
 
 A torch op costs a CPU several microseconds whatever its size, and the general path takes some forty of them
 forward and as many backward: at a small model's sizes ((2, 64, 499) a layer) that count, not the arithmetic,
-was the layer's time. Here a sequence is two or three passes: each frame's sum and squares about its mean
+was the layer's time. Pooled, a sequence is two or three passes: each frame's sum and squares about its mean
 (float64), Welford's recurrence over the frames (the same merge as the general path, in float64, shifted by
 K, frame 0's mean), then y. The backward is the formula of ``_PooledNorm`` (docs/backward.md) in two passes.
+Per channel (``forward_channels``), every channel is its own recurrence: tiles of frames, each frame a step over
+a block of channels as vectors; the backward reads what the forward kept (each value's x - mu and r).
 
-A sequence is a 2-D array in one of two orientations: ``(C, T)`` with time contiguous ("b c t") or ``(T, C)``
-with channels contiguous ("b t c"); each has its own loops, so that the inner loop always runs over
+A pooled sequence is a 2-D array in one of two orientations: ``(C, T)`` with time contiguous ("b c t") or
+``(T, C)`` with channels contiguous ("b t c"); each has its own loops, so that the inner loop always runs over
 contiguous memory. ``AVAILABLE`` is False where numba is not installed: the backend then keeps its torch path.
 """
 from __future__ import annotations
