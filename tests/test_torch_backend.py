@@ -981,6 +981,26 @@ def _strided(x, how):
     return x
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("name,decay", [("ccln", None), ("ccemaln", 0.9)])
+def test_per_channel_gradients_keep_their_digits_where_the_mean_drifts_far_from_the_shift(name, decay, layout):
+    """The per-channel loops' backward reads the forward's x - mu and r, not mu: a float32 mu 1500 from K (a ramp
+    under a short EMA, whose spread stays about 2) would cost dx 1e-4; x - mu keeps it to float32's rounding."""
+    gen = torch.Generator().manual_seed(3)
+    B, C, T = 2, 8, 3000
+    x64 = torch.arange(T, dtype=F64) * 0.5 + 1e3 + torch.randn(B, C, T, generator=gen, dtype=F64)
+    gy = torch.randn(B, C, T, generator=gen, dtype=F64)
+    perm = (lambda t: t) if layout == "b c t" else (lambda t: t.transpose(1, 2))
+    x = perm(x64).float().requires_grad_()
+    y = run(name, x, decay=decay, layout=layout)
+    gx, = torch.autograd.grad(y, x, perm(gy).float())
+    xr = x64.float().double().requires_grad_()  # the float32 input's own values
+    yr = normlib.reference.REFERENCES[name](xr, **({} if decay is None else {"decay": decay}))
+    gr, = torch.autograd.grad(yr, xr, gy)
+    assert rel_err(perm(y), yr) < 1e-6
+    assert rel_err(perm(gx), gr) < 1e-6
+
+
 @pytest.mark.parametrize("how", ["contiguous", "channels-last", "gapped"])
 @pytest.mark.parametrize("eps_mode", ["inside", "outside"])
 @pytest.mark.parametrize("name", ["cln", "emaln", "ccln", "ccemaln", "frameln"])
