@@ -899,7 +899,8 @@ def test_rows_load_as_vectors_where_lengths_and_strides_allow():
     only where Triton cannot see a multiple of 16 itself. Both kernels get it, and with it lengths such as 22
     and 24, a sliced input and "b t c" rows of 12 channels give the reference's output and gradients, in
     look-back tiles and in strip walks."""
-    vf = lambda shape, strides: launch.vec_for(shape, tuple(strides))  # noqa: E731
+    vf = lambda shape, strides: {k: v for k, v in launch.vec_for(shape, tuple(strides)).items()  # noqa: E731
+                                 if k != "WIDE"}
     assert vf((64, 128, 500), [(64000, 500, 1)] * 2) == {"VEC_T": 4}
     assert vf((2, 3, 22), [(66, 22, 1)]) == {"VEC_T": 2}
     assert vf((2, 3, 24), [(72, 24, 1)]) == {"VEC_T": 8}
@@ -933,6 +934,40 @@ def test_rows_load_as_vectors_where_lengths_and_strides_allow():
         assert all({k: c.get(k, 1) for k in vec} == vec for spy in spies.values() for c in spy.calls), what
         for got, want, tol in zip(grads[False], grads[True], (TOL[F32],) + (GRAD_TOL[F32],) * 3):
             assert_rel(got, want, tol, what)
+
+
+def test_offsets_widen_to_int64_only_where_a_sequence_reaches_past_int32(monkeypatch):
+    """WIDE: a sequence whose offsets (its masked tile lanes' too) reach 2^31 elements takes int64 offsets, the
+    kernels' default; others int32. Both give the reference's output and gradients; the narrow launch is asked
+    for wherever it fits, and the wide one where the launcher's reach is made to exceed int32."""
+    vf = launch.vec_for
+    assert vf((4, 512, 3999), ((512 * 3999, 3999, 1),)) == {"WIDE": False}
+    assert vf((4, 512, 4000), ((512 * 4000, 1, 512),) * 2) == {"WIDE": False}
+    assert "WIDE" not in vf((1, 2**20, 2048), ((2**31, 2048, 1),))  # one sequence of 2^31 elements
+    assert "WIDE" not in vf((1, 3, 10), ((2**32, 2**30, 1),))  # a view of three channels 2^30 apart
+    assert vf((1, 3, 16), ((2**32, 2**30 // 8192, 1),)) == {"WIDE": False}
+    x, gy = make_x(2, 6, 37), make_x(2, 6, 37)
+    w, b = make_affine(6, F32)
+    for name, wide in itertools.product(("cln", "ccln", "gln"), (False, True)):
+        spies = {k: _Spy(getattr(launch, k)) for k in ("running_norm_fwd", "running_norm_bwd")}
+        grads = {}
+        with pytest.MonkeyPatch.context() as mp, tile_size(block_t=8):
+            for k, spy in spies.items():
+                mp.setattr(launch, k, spy)
+            if wide:
+                mp.setattr(launch, "MAX_TILE_C", 2**31)
+            launch._vec_for_cached.cache_clear()
+            for oracle in (False, True):
+                to = (lambda t: t.double()) if oracle else dev  # noqa: E731
+                xg, wg, bg = (to(t).detach().requires_grad_() for t in (x, w, b))
+                y = (ref(name, xg, wg, bg, eps_for(name)) if oracle
+                     else getattr(normlib.functional, name)(xg, wg, bg, eps_for(name), backend="triton"))
+                grads[oracle] = (y,) + torch.autograd.grad((y * to(gy)).sum(), [xg, wg, bg])
+        launch._vec_for_cached.cache_clear()
+        assert all(spy.calls for spy in spies.values())
+        assert all(c.get("WIDE", True) == wide for spy in spies.values() for c in spy.calls), (name, wide)
+        for got, want, tol in zip(grads[False], grads[True], (TOL[F32],) + (GRAD_TOL[F32],) * 3):
+            assert_rel(got, want, tol, f"{name} wide={wide}")
 
 
 @pytest.mark.parametrize("name", ["cln", "ccemaln", "gln"])

@@ -12,7 +12,8 @@ or ``/tmp/k.py@warps=8``). An older kernels.py may lack constexprs that the laun
 WALK_STAGES): they are dropped where that leaves the launch as it was, and a pipelined default must be forced
 back for it (``/tmp/k.py@walk_stages=1,bwd_walk_stages=1``). Some rows settle at one of two speeds per process (the backward of cln (1, 128, 256000) took
 225 µs in one process and 437 µs in the next with the same kernel), so one process per variant cannot rank
-changes: each round starts a new process per variant. Prints, per case and variant, the median over
+changes: each round starts a new process per variant. ``--graphs`` times device time from CUDA graph replays
+instead of eager calls (below about 250 µs an eager call times the host's path). Prints, per case and variant, the median over
 processes of the forward and backward (÷ copy, as in gpu_report.py: 2N and 3N moved), their range, and
 whether the outputs have the same bits as the first variant's. The bits come from a deterministic call
 (``torch.use_deterministic_algorithms``): otherwise a look-back's grouping, and so its rounding, depends on
@@ -50,7 +51,8 @@ def _load_kernels(path):
 
 # constexprs the launcher passes that older kernels may not take, with the value that means "as before" (a
 # ccemaln row against a kernels.py before EMA32: force @ema32=0)
-NEWER = {"LONE": None, "STAGES": 1, "WALK_STAGES": 1, "EMA32": False, "log2d_lo": None}
+NEWER = {"LONE": None, "STAGES": 1, "WALK_STAGES": 1, "EMA32": False, "log2d_lo": None,
+         "WIDE": None}  # an older kernel's offsets are all int64 (WIDE), whatever the launcher asks
 
 
 class _Older:
@@ -85,15 +87,15 @@ def use_variant(variant):
     return {k: int(v) for k, v in (kv.split("=") for kv in tiles.split(",") if kv)}
 
 
-def worker(variant, cases, dry):
+def worker(variant, cases, dry, graphs=False):
     """Time every case with one variant (this process); one JSON line per case."""
     from normlib.backends.triton import launch
 
     with launch.tile_size(**use_variant(variant)):
-        _time_cases(cases, dry)
+        _time_cases(cases, dry, graphs)
 
 
-def _time_cases(cases, dry):
+def _time_cases(cases, dry, graphs=False):
     import torch
 
     import normlib
@@ -104,6 +106,12 @@ def _time_cases(cases, dry):
             t0 = time.perf_counter()
             fn()
             return time.perf_counter() - t0
+    elif graphs:  # device time: calls replayed from a CUDA graph, without the host's launch path
+        sys.path.insert(0, os.path.dirname(HERE))
+        from gpu_report import _graph_t
+
+        def bench(fn):
+            return _graph_t(fn) * 1e-3
     else:
         from triton.testing import do_bench
 
@@ -134,7 +142,10 @@ def _time_cases(cases, dry):
         y = call(xg)
         with torch.no_grad():
             fwd = bench(lambda: call(x))
-        bwd = bench(lambda: torch.autograd.grad(y, (xg,), gy, retain_graph=True))
+        if graphs and not dry:  # a captured step holds its own forward (autograd runs the backward on its stream)
+            bwd = bench(lambda: torch.autograd.grad(call(xg), (xg,), gy)) - fwd
+        else:
+            bwd = bench(lambda: torch.autograd.grad(y, (xg,), gy, retain_graph=True))
         copy = bench(lambda: x.clone())
         print(json.dumps(dict(case=text, fwd=fwd, bwd=bwd, copy=copy, bits=bits)), flush=True)
 
@@ -146,16 +157,19 @@ def main(argv=None):
                    help="another kernels.py, or 'tree', each with optional @tiles (repeatable)")
     p.add_argument("--procs", type=int, default=3, help="processes (rounds) per variant")
     p.add_argument("--dry", action="store_true", help="call each function once, untimed")
+    p.add_argument("--graphs", action="store_true", help="device time from CUDA graph replays (gpu_report's graphs "
+                   "stage; the backward is a step's less the forward's): for calls whose host path outlasts them")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.worker:
-        return worker(a.worker, a.cases, a.dry)
+        return worker(a.worker, a.cases, a.dry, a.graphs)
     variants = [TREE] + a.kernels
     runs = {v: [] for v in variants}
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(HERE)), os.environ.get("PYTHONPATH", "")]))
     for _ in range(a.procs):
         for v in variants:
-            cmd = [sys.executable, os.path.abspath(__file__), "--worker", v, *a.cases] + (["--dry"] if a.dry else [])
+            cmd = ([sys.executable, os.path.abspath(__file__), "--worker", v, *a.cases] + (["--dry"] if a.dry else [])
+                   + (["--graphs"] if a.graphs else []))
             out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
             runs[v].append({r["case"]: r for r in map(json.loads, out.splitlines()) if r})
             for r in runs[v][-1].values():  # as it goes, so that a run cut short still says something

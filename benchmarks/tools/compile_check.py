@@ -51,15 +51,16 @@ PTR = {"x_ptr": "X", "y_ptr": "X", "gy_ptr": "X", "gx_ptr": "X", "w_ptr": "*fp32
 FLAG_SETS = ("plain", "layer", "full")
 
 
-def configs(flag_sets=("plain", "full")):
+def configs(flag_sets=("plain", "full"), shapes=SHAPES):
     seen = set()
     for (B, C, T), last, pc, mode, dt, flags in itertools.product(
-            SHAPES, (False, True), (False, True), (0, 1, 2, 3), ("fp32", "bf16"), flag_sets):
+            shapes, (False, True), (False, True), (0, 1, 2, 3), ("fp32", "bf16"), flag_sets):
         full, layer = flags == "full", flags != "plain"
         es = 4 if dt == "fp32" else 2
-        bc_f, bt, warps_f, strip_f, hold_f, bc_b, warps_b, hold_b, strip_b = launch.choose_launch(
-            B, C, T, pc, last, mode, 132, B * C * T * es, es)
         st = dict(b=C * T, c=1 if last else T, t=C if last else 1)
+        aligned = all(v == 1 or v * es % 16 == 0 for v in st.values())  # contiguous rows of 16-byte multiples
+        bc_f, bt, warps_f, strip_f, hold_f, bc_b, warps_b, hold_b, strip_b = launch.choose_launch(
+            B, C, T, pc, last, mode, 132, B * C * T * es, es, aligned)
         causal = mode != 3
         # the strip variant of every running mode, too (SEG's, strip 2, are added below)
         seg = 2 in (strip_f, strip_b)
@@ -205,7 +206,7 @@ def main():
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--limit", type=int, default=0, help="compile only every n-th specialization")
     p.add_argument("--resources", action="store_true", help="print registers and SASS counts")
-    p.add_argument("--shape", help="B,C,T: only this benchmark shape")
+    p.add_argument("--shape", help="B,C,T: only this shape (any, not only the benchmark shapes)")
     p.add_argument("--match", default="", help="NAME=VALUE,...: constexpr values (and layout=bct|btc) to keep")
     p.add_argument("--flags", default="plain,full", help=f"flag sets, of {', '.join(FLAG_SETS)}")
     p.add_argument("--set", default="", help="NAME=INT,...: compile the kept specializations with these "
@@ -216,10 +217,8 @@ def main():
     flag_sets = a.flags.split(",")
     if not set(flag_sets) <= set(FLAG_SETS):
         p.error(f"--flags: expected some of {', '.join(FLAG_SETS)}, got {a.flags!r}")
-    todo = list(configs(flag_sets))
-    if a.shape:
-        B, C, T = (int(v) for v in a.shape.split(","))
-        todo = [t for t in todo if (t[2]["B"], t[2]["C"], t[2]["T"]) == (B, C, T)]
+    shape = tuple(int(v) for v in a.shape.split(",")) if a.shape else None
+    todo = list(configs(flag_sets, [shape] if shape else SHAPES))
     for cond in filter(None, a.match.split(",")):
         key, val = cond.split("=")
         if key == "layout":

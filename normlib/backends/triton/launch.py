@@ -728,6 +728,10 @@ def _run_traced(steps, need, env, device):
         torch.library.wrap_triton(step.kernel)[step.grid](**kw)
 
 
+MAX_FRAMES = 2**31 - 2**12  # frame indices are int32 in the kernels, up to the last tile's end
+MAX_TILE_C, MAX_TILE_T = 8192, 4096  # beyond any tile's channels and frames (a masked lane's offset is computed)
+
+
 def vec_for(shape, strides) -> dict:
     """VEC_T and VEC_C (_vec_for), cached where the sizes are ints."""
     if all(type(v) is int for v in (*shape, *(v for st in strides for v in st))):
@@ -738,21 +742,25 @@ def vec_for(shape, strides) -> dict:
 def _vec_for(shape, strides) -> dict:
     """VEC_T and VEC_C for tensors of this (B, C, T) shape and these strides (x's, y's, ...): where all of
     them run along T (C), the largest of 8, 4, 2 dividing T (C) and every stride of the other dims, so
-    that their rows load as vectors. 1 where Triton sees multiples of 16 by itself (no extra compile)."""
+    that their rows load as vectors (1 where Triton sees multiples of 16 by itself: no extra compile). And
+    WIDE (the kernels' _wide): False where every offset inside one sequence, masked tile lanes past C and T
+    included, fits int32."""
+    _B, C, T = shape
+    reach = max((C + MAX_TILE_C) * abs(st[1]) + (T + MAX_TILE_T) * abs(st[2]) for st in strides)
+    out = {} if reach >= 2**31 else {"WIDE": False}
     for dim, key in ((2, "VEC_T"), (1, "VEC_C")):
         if all(st[dim] == 1 for st in strides):
             rest = [shape[dim]] + [st[d] for st in strides for d in range(3) if d != dim]
             if any(v % 16 for v in rest):
                 vec = next(v for v in (8, 4, 2, 1) if all(r % v == 0 for r in rest))
-                return {key: vec} if vec > 1 else {}
-    return {}
+                if vec > 1:
+                    out[key] = vec
+                break
+    return out
 
 
 _vec_for_cached = functools.lru_cache(maxsize=4096)(_vec_for)  # on every launch: a small call's host path is
 # longer than its kernel
-
-
-MAX_FRAMES = 2**31 - 2**12  # frame indices are int32 in the kernels, up to the last tile's end
 
 
 def check_input(x):
