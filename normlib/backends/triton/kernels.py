@@ -822,8 +822,8 @@ def _wide(v, WIDE: tl.constexpr):
     cost three or four: unaligned rows load one element at a time, each from its own offset (cln (4, 512, 3999)
     fp32, static: forward 2.70 -> 2.18 warp-instructions an element and no spill, backward 4.82 -> 4.02 and
     252 -> 168 registers)."""
-    if WIDE:
-        return v + tl.zeros([], tl.int64)
+    if WIDE:  # one return: Triton types both returns of a function, taken or not
+        v = v + tl.zeros([], tl.int64)
     return v
 
 

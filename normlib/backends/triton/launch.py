@@ -522,6 +522,12 @@ def _persistent_zeros(n, device):
     where a tensor kept past the call is an error ("tensors in the cudagraph pool not tracked as outputs")."""
     if device.type != "cuda":
         return torch.zeros(n, dtype=torch.int64, device=device)
+    if torch.cuda.is_current_stream_capturing():
+        # a stream's first launch inside a capture (torch.cuda.graph captures on a stream of its own, after a
+        # warm-up on another): a helper thread's allocation there invalidates a capture in "global" mode, the
+        # default. Made here, in the graph's pool; the graph records the zeroing, so that every replay starts from
+        # zeroed records and ticket, as the first launch did
+        return torch.zeros(n, dtype=torch.int64, device=device)
     out = []
 
     def make():
