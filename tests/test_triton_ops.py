@@ -1,5 +1,6 @@
 """The Triton backend as PyTorch ops: opcheck, and torch.compile(fullgraph=True) over a model (interpreter
 on CPU here; benchmarks/gpu_report.py runs the same on the GPU with Inductor)."""
+import itertools
 import warnings
 
 import pytest
@@ -155,6 +156,29 @@ def test_dynamic_shapes_compile_once_over_many_lengths(name):
         want, = torch.autograd.grad(layer(x), x, gy)
         assert rel_err(gx, want) < 1e-4
     assert counters["stats"]["unique_graphs"] == 1
+
+
+@pytest.mark.parametrize("layout", ["b c t", "b t c"])
+def test_the_launch_choices_guard_on_neither_the_batch_nor_the_length(layout, monkeypatch):
+    """dynamic=True's promise, at the source: the launch choices of a symbolic batch and length (every norm's time
+    mode, per channel or pooled) add no guard to the shape environment, so no size starts another graph, on a GPU's
+    132 SMs and at sizes that cross each choice's thresholds when concrete (hold_for's bytes, strips, segments,
+    GLOBAL's one launch, instln's row walks, "b t c" frames by length)."""
+    from torch._dynamo.source import LocalSource
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+    monkeypatch.setattr(tb.launch, "_num_sms", lambda device: 132)
+    dynamic = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC, DimDynamic.STATIC, DimDynamic.DYNAMIC])
+    for (B, C, T), per_channel, decay in itertools.product(
+            [(2, 64, 301), (4, 512, 4000), (1, 128, 64000), (16, 512, 16000)], (False, True), (1.0, 0.9, None, 0.0)):
+        env = ShapeEnv()
+        mode = FakeTensorMode(shape_env=env, static_shapes=False)
+        real = torch.empty(B, T, C).transpose(1, 2) if layout == "b t c" else torch.empty(B, C, T)
+        x = mode.from_tensor(real, source=LocalSource("x"), symbolic_context=dynamic)
+        with mode:
+            tiles = tb.launch._tiles_for(x, per_channel, decay)
+        assert any(type(t) is not int for t in tiles) or decay in (None, 0.0), tiles  # the spans: symbolic
+        assert not env.guards, ((B, C, T), per_channel, decay, [str(g.expr)[:200] for g in env.guards])
 
 
 @pytest.mark.parametrize("name", ["cln", "ccln", "gln", "ccemaln", "instln"])

@@ -176,8 +176,8 @@ def choose_tiles(C, T, per_channel, channels_last, device, mode=CUMULATIVE, elem
         else:
             grow = 2 if mode == GLOBAL else 1
             block_c, block_t = min(4 * grow, c2), _pow2_min(T, 128 * grow)
-    elif channels_last:  # short sequences: longer tiles, a shorter chain to wait on
-        frames = 32 if mode == FRAME or T > 4096 else 64 if T > 512 else 128
+    elif channels_last:  # short sequences: longer tiles, a shorter chain to wait on (a symbolic T: 64)
+        frames = 32 if mode == FRAME or _sure(T > 4096) else 128 if _sure(T <= 512) else 64
         block_c, block_t = min(c2, 128), _pow2_min(T, frames)
     elif mode == FRAME:
         block_c, block_t = min(c2, 128), _pow2_min(T, 128 // elem_size)
@@ -188,6 +188,13 @@ def choose_tiles(C, T, per_channel, channels_last, device, mode=CUMULATIVE, elem
     block_c = _OVERRIDE.get("block_c", block_c)
     block_t = _OVERRIDE.get("block_t", block_t)
     return block_c, block_t, _OVERRIDE.get("warps", warps or (8 if block_c * block_t > 8192 else 4))
+
+
+def _sure(cond) -> bool:
+    """A launch choice's test: its truth for int sizes; for symbolic ones (torch.compile's dynamic shapes) whether it
+    holds at every size, without a guard, so that one graph serves every length (the choice for "not known" is
+    the one the test's False gives: each site picks its sense so that it is the general one)."""
+    return statically_known_true(cond)
 
 
 def _pow2_min(n, cap: int) -> int:
@@ -212,7 +219,7 @@ def window_for(per_channel, n_seq, num_sms) -> int:
     (ccln (2, 256, 64000) "b t c": 511 µs at 4, 764 at 32)."""
     if per_channel:
         return 4
-    return max(_pow2_min(max(1, 2 * num_sms // max(1, n_seq)), 128), 32)
+    return max(_pow2_min(torch.sym_max(1, 2 * num_sms // torch.sym_max(1, n_seq)), 128), 32)
 
 
 def strip_for(mode, n_seq, n_tiles, per_channel, channels_last, num_sms, nbytes) -> tuple[int, int]:
@@ -240,15 +247,16 @@ def strip_for(mode, n_seq, n_tiles, per_channel, channels_last, num_sms, nbytes)
     - pooled "b c t" loses everywhere (cln (2, 256, 64000) 1.85 -> 3.22): x is read twice, where the
       look-back reads it once and is not far from its floor."""
     if mode == GLOBAL:  # a strip program walks its sequence twice: with fewer than the SMs, only short ones
-        return (int(nbytes <= GLOBAL_STRIP_BYTES and n_seq >= 32 and (n_seq >= num_sms or n_tiles <= 8)),) * 2
+        return (int(_sure(nbytes <= GLOBAL_STRIP_BYTES) and _sure(n_seq >= 32)
+                    and (_sure(n_seq >= num_sms) or _sure(n_tiles <= 8))),) * 2
     if mode not in (CUMULATIVE, EMA):
         return 0, 0
     if per_channel:
-        return (2, 1) if not channels_last and n_seq >= STRIP_PER_SM_CH * num_sms else (2, 2)
-    if n_seq >= STRIP_PER_SM * num_sms:
+        return (2, 1) if not channels_last and _sure(n_seq >= STRIP_PER_SM_CH * num_sms) else (2, 2)
+    if _sure(n_seq >= STRIP_PER_SM * num_sms):
         return 1, 1
-    seg_len = triton.cdiv(n_tiles, max(1, SEG_PER_SM[0][0] * num_sms // max(1, n_seq)))  # B = 0: no tiles
-    return (2, 0) if not per_channel and channels_last and n_seq <= SEG_POOLED_SEQ and seg_len >= 8 else (0, 0)
+    seg_len = triton.cdiv(n_tiles, torch.sym_max(1, SEG_PER_SM[0][0] * num_sms // torch.sym_max(1, n_seq)))
+    return (2, 0) if channels_last and _sure(n_seq <= SEG_POOLED_SEQ) and _sure(seg_len >= 8) else (0, 0)
 
 
 def hold_for(B, C, T, block_t, channels_last, num_sms, elem_size) -> bool:
@@ -265,8 +273,8 @@ def hold_for(B, C, T, block_t, channels_last, num_sms, elem_size) -> bool:
     (22 MB), (4, 512, 4000) 0.31 either way (17 MB), (64, 128, 500) 0.25 -> 0.32 (8 MB)."""
     tiles = B * triton.cdiv(T, block_t)
     # int(): torch 2.11's dynamo rejects a bool index
-    in_flight = min(tiles, LEAN_BLOCKS[int(channels_last)] * num_sms) * C * block_t * elem_size
-    return in_flight > LEAN_BYTES[elem_size][int(channels_last)]
+    in_flight = torch.sym_min(tiles, LEAN_BLOCKS[int(channels_last)] * num_sms) * C * block_t * elem_size
+    return not _sure(in_flight <= LEAN_BYTES[elem_size][int(channels_last)])  # a symbolic T: held
 
 
 def row_walk(B, C, T, per_channel, channels_last, mode, num_sms, nbytes, elem_size) -> bool:
@@ -277,8 +285,8 @@ def row_walk(B, C, T, per_channel, channels_last, mode, num_sms, nbytes, elem_si
     forward / backward), two launches of [8, 256] -> row walks of [1, 1024] (two processes) and [1, 2048]
     (one): fp32 0.52 / 0.50 -> 0.65 / 0.61 and 0.66 / 0.61; bf16 0.50 / 0.40-0.57 -> 0.55 / 0.58 and
     0.66 / 0.61. Not timed on longer rows (fewer of which fit L2) or on "b t c" (a row there is strided)."""
-    return (per_channel and mode == GLOBAL and not channels_last and nbytes > GLOBAL_STRIP_BYTES
-            and T * elem_size <= ROW_WALK_BYTES and B * C >= ROW_WALKS_PER_SM * num_sms)
+    return (per_channel and mode == GLOBAL and not channels_last and _sure(nbytes > GLOBAL_STRIP_BYTES)
+            and _sure(T * elem_size <= ROW_WALK_BYTES) and _sure(B * C >= ROW_WALKS_PER_SM * num_sms))
 
 
 def _forced_walk(mode, forced) -> int:
@@ -343,7 +351,7 @@ def choose_launch(B, C, T, per_channel, channels_last, mode, num_sms, nbytes, el
     # hold theirs (GLOBAL's forward timed the same either way)
     frame = not per_channel and mode == FRAME
     big = hold_for(B, C, T, bt, channels_last, num_sms, elem_size)
-    one_wave = B * triton.cdiv(T, bt) <= LEAN_BLOCKS[int(channels_last)] * num_sms
+    one_wave = _sure(B * triton.cdiv(T, bt) <= LEAN_BLOCKS[int(channels_last)] * num_sms)
     hold = _OVERRIDE.get("hold", (not channels_last and one_wave and big) if frame else (not lean or big))
     # no pooled backward tile holds (a strip walk holds its tiles whatever the flag): in the look-back, freeing 26
     # to 118 registers (255 with a spill -> 223 in "b c t") measured 0.44 -> 0.50 of a copy in "b t c" and 0.34
@@ -444,9 +452,10 @@ def _tiles_for(x, per_channel, decay) -> list[int]:
         row = (row[1], row[1])
     per_sm = (row[0] if strip == 2 else 4, row[1] if strip_b == 2 else 4)  # each pass's own: SEG or not
     nt = triton.cdiv(T, bt)
-    span_f, span_b = (max(1, triton.cdiv(nt, max(1, k * sms // max(1, B * ncb)))) for k in per_sm)
+    span_f, span_b = (torch.sym_max(1, triton.cdiv(nt, torch.sym_max(1, k * sms // torch.sym_max(1, B * ncb))))
+                      for k in per_sm)
     if strip == 2 and strip_b == 1:  # see strip_for: whole sequences
-        span_f = span_b = max(1, nt)
+        span_f = span_b = torch.sym_max(1, nt)
     if statically_known_true(span_f < SEG_MIN_TILES):  # a symbolic T keeps its own: a guard would recompile
         span_f = span_b
     span, span_b = (_OVERRIDE.get("span", v) for v in (span_f, span_b))
