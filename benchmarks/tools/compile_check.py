@@ -105,7 +105,7 @@ def configs(flag_sets=("plain", "full"), shapes=SHAPES):
     for sc, lin, rows, whole in itertools.product((1, 4, 8, 32, 64, 128, 256), (False, True), (64, 512),
                                                   (False, True)):  # SEG's and GLOBAL's span records
         yield (span_scan, dict(SC=sc, BLOCK_R=rows, BLOCK_S=min(sc, 4), LINEAR=lin, ALL=whole),
-               dict(NSPAN=528, B=0, C=0, T=0, sxc=0), "fp32", 4, True)
+               dict(NSPAN=528, SPAN_FRAMES=64, B=0, C=0, T=0, sxc=0), "fp32", 4, True)
     for R, C in ((4000, 512), (37, 50)):  # the weight partials' sum: sizes that are multiples of 16, and not
         yield sum_partials, dict(BLOCK_R=512, BLOCK_C=8), dict(R=R, C=C, B=0, T=0, sxc=0), "fp32", 4, False
 
