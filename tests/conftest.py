@@ -101,6 +101,18 @@ def assert_rel(out, ref, tol, what="", floor: float = 0.0):
     assert err <= tol, f"{what}: relative error {err:.3e} > {tol:.1e}"  # NaN fails too
 
 
+@pytest.fixture
+def deterministic():
+    """torch.use_deterministic_algorithms(True) for the test, the previous setting restored after: on a GPU the
+    look-back then takes a fixed grouping, so that tests of bit-identical results hold there too."""
+    was, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(was, warn_only=warn_only)
+
+
 @pytest.fixture(name="rel_err")
 def _rel_err_fixture():
     return rel_err

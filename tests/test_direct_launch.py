@@ -106,6 +106,27 @@ def test_unaligned_first_launches_bind_nothing():
     assert len(kernel.launches) == 2 and len(compiled.calls) == 1
 
 
+def test_a_wrapped_kernel_binds_nothing():
+    """A kernel wrapped by a test's spy (no ``params``) keeps Triton's launch path on the GPU, where its launcher
+    returns a compiled kernel: the spy sees every launch (binding once raised AttributeError there)."""
+
+    class Spy:
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def __getitem__(self, grid):
+            return self.kernel[grid]
+
+    compiled = FakeCompiled()
+    kernel = FakeKernel(_kernel_fn(kernels.sum_partials), compiled)
+    step = launch._Step(Spy(kernel), 1, p_ptr=launch._Role("p"), gw_ptr=launch._Role("p"), gb_ptr=launch._Role("p"),
+                        R=1, C=1, BLOCK_R=512, BLOCK_C=8)
+    env = {"p": torch.empty(4)}
+    for _ in range(3):
+        step(env, 0, True)
+    assert len(kernel.launches) == 3 and not compiled.calls
+
+
 def test_alignment_reads_every_pointer():
     base = torch.empty(64)
     assert launch._aligned(base, None, base[4:])

@@ -49,17 +49,6 @@ pytestmark = [pytest.mark.skipif(not backends.triton_usable(torch.zeros(1, devic
 # ---------------------------------------------------------------------------------------------------
 # Helpers
 # ---------------------------------------------------------------------------------------------------
-@pytest.fixture
-def deterministic():
-    """torch.use_deterministic_algorithms(True) for the test, the previous setting restored after."""
-    was, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
-    torch.use_deterministic_algorithms(True)
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(was, warn_only=warn_only)
-
-
 def dev(t):
     return None if t is None else t.to(DEVICE)
 
@@ -117,12 +106,13 @@ def gradients(name, x, weight=None, bias=None, eps=1e-8, *, state=None, gy, gs=N
     return {k: torch.zeros_like(v) if g is None else g for (k, v), g in zip(inputs.items(), got)}
 
 
-def check_gradients(got, want, dtype, what=""):
-    """The same inputs got a gradient, on the device, without NaN, within tolerance of the float64
-    reference (STATE_GRAD_TOL for the state's fields, GRAD_TOL for x, weight and bias)."""
+def check_gradients(got, want, dtype, what="", device=DEVICE):
+    """The same inputs got a gradient, on ``device`` (the Triton backend's; the CPU for the PyTorch backend's
+    CPU calls), without NaN, within tolerance of the float64 reference (STATE_GRAD_TOL for the state's
+    fields, GRAD_TOL for x, weight and bias)."""
     assert set(got) == set(want), f"{what}: gradients for {sorted(got)}, expected {sorted(want)}"
     for k, g in got.items():
-        assert g.device.type == DEVICE.type, f"{what} grad {k}: on {g.device}"
+        assert g.device.type == device.type, f"{what} grad {k}: on {g.device}"
         assert not torch.isnan(g).any(), f"{what} grad {k}: NaN (an element left unwritten?)"
         tol = STATE_GRAD_TOL[dtype] if k.startswith("state.") else GRAD_TOL[dtype]
         assert_rel(g, want[k], tol, f"{what} grad {k}")
@@ -283,7 +273,8 @@ def test_span_scan_gradients(name, layout, monkeypatch):
     monkeypatch.setattr(launch, "SCAN_ROWS", 2)
     x, w, b, kw = _walk_case(name, layout)
     want = gradients(name, x, w, b, eps_for(name), oracle=True, **kw)
-    for tiles in (dict(block_t=2, span=3), dict(block_t=1, span=2), dict(block_t=1, span=2, scan_block=1)):
+    for tiles in (dict(block_t=2, span=3), dict(block_t=1, span=2), dict(block_t=1, span=2, scan_block=1),
+                  dict(block_t=1, span=2, scan_block=4)):  # 4 forced: a GPU's SMs make the launcher pick 1
         with tile_size(window=2, block_c=8, strip=2, **tiles):
             got = gradients(name, x, w, b, eps_for(name), **kw)
         check_gradients(got, want, F32)
@@ -463,7 +454,7 @@ def test_per_channel_one_warp_tiles_take_suffix_sums_by_flips(name, dtype, monke
 
 @pytest.mark.parametrize("name, layout", [pytest.param(n, lay, id=f"{n}-{lay}") for n, lay in [
     ("cln", "bct"), ("cln", "btc"), ("emaln", "btc"), ("frameln", "bct"), ("frameln", "btc"), ("gln", "bct")]])
-def test_pooled_tiles_hold_or_read_again_their_first_chunk(name, layout, monkeypatch):
+def test_pooled_tiles_hold_or_read_again_their_first_chunk(name, layout, monkeypatch, deterministic):
     """A pooled look-back tile either holds its first chunk of channels through the look-back or reads it
     again to write it (the launcher picks per shape, forward and backward apart; FRAME's tiles, with no
     look-back, read it again by default; GLOBAL's forward tiles hold it, its backward's read it again; either
@@ -561,7 +552,7 @@ def test_an_empty_incoming_state_is_no_state(name, C, backend):
     assert torch.isfinite(y0).all(), y0
     assert_rel(y0.cpu(), tri_or_torch(name, x, 0.0, None, "torch"), TOL[F32], f"{name} eps=0 y")
     assert not got["state.w"].any() and not want["state.w"].any()
-    check_gradients(got, want, F32, f"{name} {backend}")
+    check_gradients(got, want, F32, f"{name} {backend}", DEVICE if backend == "triton" else torch.device("cpu"))
 
 
 def tri_or_torch(name, x, eps, state, backend):
@@ -595,7 +586,7 @@ def test_eps_0_with_padding_keeps_weight_gradients_finite():
             assert torch.isfinite(gw).all(), (name, backend, gw)
 
 
-def test_forced_register_caps_reach_their_launches(monkeypatch):
+def test_forced_register_caps_reach_their_launches(monkeypatch, deterministic):
     """``tile_size(maxnreg=..., bwd_maxnreg=...)`` (for timing more programs per SM) reaches the forward's and
     the backward's launches apart, and by default neither is passed; the result is the same bits."""
     B, C, T = 2, 11, 15
@@ -1077,8 +1068,9 @@ def test_with_only_the_affine_to_train_the_state_out_is_constant(name, backend):
     """The returned state depends on x and the incoming state only: a layer whose weights alone require grad
     returns a state with no graph on both backends (Triton's once held its whole call alive, chunk after chunk,
     and a state made to require grad from it got no gradient)."""
-    layer = normlib.create(name, 4, backend=backend)
-    x = make_x(2, 4, 9)
+    to = dev if backend == "triton" else (lambda t: t)
+    layer = normlib.create(name, 4, backend=backend).to(DEVICE if backend == "triton" else "cpu")
+    x = to(make_x(2, 4, 9))
     for call in (layer, torch.compile(layer, fullgraph=True, backend="aot_eager")):  # the op's autograd too
         _, s = call(x, return_state=True)
         assert not any(t.requires_grad or t.grad_fn is not None for t in s)

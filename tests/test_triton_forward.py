@@ -1072,7 +1072,7 @@ def test_launches_go_to_the_device_of_x(monkeypatch):
         assert not isinstance(launch._device_guard(same), torch.cuda.device)
 
 
-def test_each_stream_has_its_own_look_back_workspace(monkeypatch):
+def test_each_stream_has_its_own_look_back_workspace(monkeypatch, deterministic):
     """Launches on two CUDA streams may run at once: they must not share the look-back's records or its
     ticket counter (they did: one per device). Streams are faked here, as the CPU has none."""
     x = make_x(2, 5, 29)

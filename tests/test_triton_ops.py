@@ -12,19 +12,24 @@ from normlib.backends import triton as tb
 
 from conftest import TOL, rel_err
 
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # the CPU with TRITON_INTERPRET=1
+
+
+def dev(t):
+    return None if t is None else t.to(DEVICE)
+
 
 def _args(per_channel, decay, state, return_state, save):
     torch.manual_seed(0)
     B, C, T = 2, 5, 19
-    x = torch.randn(B, C, T, requires_grad=True)
-    w = torch.randn(C, requires_grad=True)
-    b = torch.randn(C, requires_grad=True)
+    x, w, b = (dev(torch.randn(*shape)).requires_grad_() for shape in ((B, C, T), (C,), (C,)))
     nsc = C if per_channel else 1
     sin = None
     if state:
-        sin = torch.stack([torch.full((B, nsc), 7.0, dtype=torch.float64), torch.randn(B, nsc, dtype=torch.float64),
-                           torch.rand(B, nsc, dtype=torch.float64) * 5]).requires_grad_()
-    lengths = torch.tensor([T, 11])
+        sin = dev(torch.stack([torch.full((B, nsc), 7.0, dtype=torch.float64),
+                               torch.randn(B, nsc, dtype=torch.float64),
+                               torch.rand(B, nsc, dtype=torch.float64) * 5])).requires_grad_()
+    lengths = dev(torch.tensor([T, 11]))
     with tb.tile_size(block_t=4, window=2):
         tiles = tb.launch.tiles_for(x, per_channel, decay)
     return (x, w, b, lengths, sin, per_channel, decay, 1e-5, False, return_state, save, tiles)
@@ -60,7 +65,7 @@ def test_backward_reads_dy_in_the_layout_of_y(cotangent, monkeypatch):
     y, _, pre = tb.launch.forward(x.detach(), w, b, lengths, None, per_channel=False, decay=1.0, eps=eps,
                                   eps_outside=False, return_state=False, save=True, tiles=tiles)
     dense = torch.randn_like(y)
-    gy = {"expanded": torch.ones(()).expand_as(y), "dense": dense,
+    gy = {"expanded": torch.ones((), device=y.device).expand_as(y), "dense": dense,
           "other-layout": dense.transpose(1, 2).contiguous().transpose(1, 2)}[cotangent]
     opts = dict(per_channel=False, decay=1.0, eps=eps, eps_outside=False, need_weight_grads=True, tiles=tiles)
     got = tb.launch.backward(gy, None, x.detach(), w, lengths, None, pre, **opts)
@@ -90,11 +95,11 @@ class _Model(nn.Module):
 @pytest.mark.parametrize("strip", [0, 1, None])
 def test_compile_fullgraph_matches_eager(strip):
     torch.manual_seed(1)
-    model = _Model()
-    x = torch.randn(2, 6, 23)
-    lengths = torch.tensor([23, 9])
+    model = _Model().to(DEVICE)
+    x = dev(torch.randn(2, 6, 23))
+    lengths = dev(torch.tensor([23, 9]))
     state = normlib.NormState(torch.full((2,), 12.0, dtype=torch.float64), torch.randn(2, dtype=torch.float64),
-                              torch.rand(2, dtype=torch.float64) * 12)
+                              torch.rand(2, dtype=torch.float64) * 12).to(DEVICE)
     with tb.tile_size(block_t=8, window=2, strip=strip):
         y_eager, s_eager = model(x, lengths, state)
         y_eager.square().sum().backward()
@@ -127,10 +132,10 @@ def test_dynamic_shapes_give_the_ops_short_launch_choices(name, layout, monkeypa
 
     monkeypatch.setattr(tb.launch, "forward", spy)
     torch._dynamo.reset()
-    layer = normlib.create(name, 8, backend="triton", layout=layout)
+    layer = normlib.create(name, 8, backend="triton", layout=layout).to(DEVICE)
     compiled = torch.compile(layer, dynamic=True, backend="aot_eager", fullgraph=True)
     for T in (40, 77):
-        x = torch.randn((2, 8, T) if layout == "b c t" else (2, T, 8), requires_grad=True)
+        x = torch.randn((2, 8, T) if layout == "b c t" else (2, T, 8), device=DEVICE, requires_grad=True)
         compiled(x).sum().backward()
     symbolic = [t for tiles in seen for t in tiles if type(t) is not int]
     assert symbolic  # the fake calls saw T as a symbol
@@ -145,10 +150,10 @@ def test_dynamic_shapes_compile_once_over_many_lengths(name):
     from torch._dynamo.utils import counters
     torch._dynamo.reset()
     counters.clear()
-    layer = normlib.create(name, 4, backend="triton")
+    layer = normlib.create(name, 4, backend="triton").to(DEVICE)
     compiled = torch.compile(layer, dynamic=True, backend="aot_eager")
     for T in (40, 77, 151, 301):
-        x = torch.randn(2, 4, T, requires_grad=True)
+        x = torch.randn(2, 4, T, device=DEVICE, requires_grad=True)
         y = compiled(x)
         assert rel_err(y, layer(x)) < TOL[torch.float32]
         gy = torch.randn_like(y)  # not y.square(): gln's dx of sum(y^2) is 0 up to rounding
@@ -188,8 +193,8 @@ def test_the_launch_choices_of_a_symbolic_length_are_right_at_any_length(name, m
     tile to many segments, forward and every gradient against the float64 reference."""
     monkeypatch.setattr(tb.launch, "statically_known_true", lambda expr: False)
     for T in (1, 3, 40, 301):
-        x = torch.randn(2, 4, T, dtype=torch.float32) + 3.0
-        w, b = torch.randn(4), torch.randn(4)
+        x = dev(torch.randn(2, 4, T, dtype=torch.float32) + 3.0)
+        w, b = dev(torch.randn(4)), dev(torch.randn(4))
         gy = torch.randn_like(x)
         with tb.tile_size(block_t=4, window=2):
             got = [t.detach().requires_grad_() for t in (x, w, b)]

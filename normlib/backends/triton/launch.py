@@ -612,14 +612,18 @@ class _Step:
 
 def _bind(kernel, compiled, kw, roles):
     """(launcher, function, metadata, the arguments in the kernel's order, the tensors' places in it) of a
-    compiled kernel; None where there is none (Triton's interpreter)."""
+    compiled kernel; None where there is none (Triton's interpreter) or the kernel is wrapped (a test's spy,
+    which must see every launch)."""
+    params = getattr(kernel, "params", None)
     try:
         run, function, meta = compiled.run, compiled.function, compiled.packed_metadata
     except AttributeError:
         return None
+    if params is None:
+        return None
     where = dict(roles)
     fixed, slots = [], []
-    for i, param in enumerate(kernel.params):
+    for i, param in enumerate(params):
         name = kernel.arg_names[i]
         if name in where:  # the call's own tensor goes here: none is kept
             slots.append((i, where[name]))
