@@ -53,7 +53,7 @@ def resolve(backend: str, x: torch.Tensor, table=BACKENDS, *, pooled: bool = Fal
     """The one dispatch point: the backend's forward (or, with ``table=PREPARE``, prepare) for this input.
     ``pooled``: the norm pools its channels (cln, gln, emaln, frameln)."""
     if backend == "auto":
-        # Traced by torch.compile, a pooled norm's PyTorch path is a reduction over the channels, a cumsum over
+        # Traced by torch.compile, a pooled norm's PyTorch path is two reductions over the channels, cumsums over
         # (B, T) and a pointwise y, which Inductor fuses into the layers beside it; a Triton op stays a kernel
         # of its own, its input and output written out (benchmarks/RESULTS.md, the compiled model)
         use = x.is_cuda and x.dtype != torch.float64 and triton_usable(x) \
