@@ -197,6 +197,18 @@ def _sure(cond) -> bool:
     return statically_known_true(cond)
 
 
+def _max(a, b):
+    """max of two sizes; torch.sym_max where one is symbolic (no guard, so no recompile for a new length). Dynamo
+    of torch 2.11 rejects torch.sym_max of two ints ("torch.* op returned non-Tensor"), a graph break in every
+    compiled call on a GPU, so plain ints take Python's."""
+    return torch.sym_max(a, b) if isinstance(a, torch.SymInt) or isinstance(b, torch.SymInt) else max(a, b)
+
+
+def _min(a, b):
+    """min of two sizes, as _max."""
+    return torch.sym_min(a, b) if isinstance(a, torch.SymInt) or isinstance(b, torch.SymInt) else min(a, b)
+
+
 def _pow2_min(n, cap: int) -> int:
     """min(next_power_of_2(max(n, 1)), cap), cap a power of 2; for a symbolic n (torch.compile's dynamic shapes)
     cap, without a guard (a longer tile is masked): triton.next_power_of_2 of it was a sympy expression of some 30
@@ -219,7 +231,7 @@ def window_for(per_channel, n_seq, num_sms) -> int:
     (ccln (2, 256, 64000) "b t c": 511 µs at 4, 764 at 32)."""
     if per_channel:
         return 4
-    return max(_pow2_min(torch.sym_max(1, 2 * num_sms // torch.sym_max(1, n_seq)), 128), 32)
+    return max(_pow2_min(_max(1, 2 * num_sms // _max(1, n_seq)), 128), 32)
 
 
 def strip_for(mode, n_seq, n_tiles, per_channel, channels_last, num_sms, nbytes) -> tuple[int, int]:
@@ -255,7 +267,7 @@ def strip_for(mode, n_seq, n_tiles, per_channel, channels_last, num_sms, nbytes)
         return (2, 1) if not channels_last and _sure(n_seq >= STRIP_PER_SM_CH * num_sms) else (2, 2)
     if _sure(n_seq >= STRIP_PER_SM * num_sms):
         return 1, 1
-    seg_len = triton.cdiv(n_tiles, torch.sym_max(1, SEG_PER_SM[0][0] * num_sms // torch.sym_max(1, n_seq)))
+    seg_len = triton.cdiv(n_tiles, _max(1, SEG_PER_SM[0][0] * num_sms // _max(1, n_seq)))
     return (2, 0) if channels_last and _sure(n_seq <= SEG_POOLED_SEQ) and _sure(seg_len >= 8) else (0, 0)
 
 
@@ -273,7 +285,7 @@ def hold_for(B, C, T, block_t, channels_last, num_sms, elem_size) -> bool:
     (22 MB), (4, 512, 4000) 0.31 either way (17 MB), (64, 128, 500) 0.25 -> 0.32 (8 MB)."""
     tiles = B * triton.cdiv(T, block_t)
     # int(): torch 2.11's dynamo rejects a bool index
-    in_flight = torch.sym_min(tiles, LEAN_BLOCKS[int(channels_last)] * num_sms) * C * block_t * elem_size
+    in_flight = _min(tiles, LEAN_BLOCKS[int(channels_last)] * num_sms) * C * block_t * elem_size
     return not _sure(in_flight <= LEAN_BYTES[elem_size][int(channels_last)])  # a symbolic T: held
 
 
@@ -452,10 +464,10 @@ def _tiles_for(x, per_channel, decay) -> list[int]:
         row = (row[1], row[1])
     per_sm = (row[0] if strip == 2 else 4, row[1] if strip_b == 2 else 4)  # each pass's own: SEG or not
     nt = triton.cdiv(T, bt)
-    span_f, span_b = (torch.sym_max(1, triton.cdiv(nt, torch.sym_max(1, k * sms // torch.sym_max(1, B * ncb))))
+    span_f, span_b = (_max(1, triton.cdiv(nt, _max(1, k * sms // _max(1, B * ncb))))
                       for k in per_sm)
     if strip == 2 and strip_b == 1:  # see strip_for: whole sequences
-        span_f = span_b = torch.sym_max(1, nt)
+        span_f = span_b = _max(1, nt)
     if statically_known_true(span_f < SEG_MIN_TILES):  # a symbolic T keeps its own: a guard would recompile
         span_f = span_b
     span, span_b = (_OVERRIDE.get("span", v) for v in (span_f, span_b))
