@@ -42,9 +42,12 @@ def _args(per_channel, decay, state, return_state, save):
     pytest.param(False, None, False, id="gln"),
     pytest.param(False, 0.0, False, id="frameln"),
 ])
-def test_opcheck(per_channel, decay, state, deterministic):
-    """deterministic: opcheck compares eager and AOTDispatcher gradients at 1e-7, and on a GPU the look-back's
-    grouping of the state's gradient varies between two launches otherwise (ccln: 3 ulps on the H100)."""
+def test_opcheck(per_channel, decay, state, deterministic, monkeypatch):
+    """opcheck compares eager gradients with AOTDispatcher's at 1e-7, so both run one plan: a symbolic size's (its
+    dynamic test) takes the general launch choices (SEG's two phases where one segment takes one, the span scan),
+    whose float32 sums group otherwise (ccln's state gradient: 3 ulps on the H100), so every call here takes them;
+    and deterministic, since on a GPU the look-back's grouping varies between two launches otherwise."""
+    monkeypatch.setattr(tb.launch, "statically_known_true", lambda expr: False)
     args = _args(per_channel, decay, state, return_state=decay is not None, save=True)
     torch.library.opcheck(tb.running_norm_fwd, args)
 
@@ -186,6 +189,41 @@ def test_the_launch_choices_guard_on_neither_the_batch_nor_the_length(layout, mo
             tiles = tb.launch._tiles_for(x, per_channel, decay)
         assert any(type(t) is not int for t in tiles) or decay in (None, 0.0), tiles  # the spans: symbolic
         assert not env.guards, ((B, C, T), per_channel, decay, [str(g.expr)[:200] for g in env.guards])
+
+
+@pytest.mark.parametrize("layout", ["b c t", "b t c"])
+def test_a_traced_call_guards_on_neither_the_batch_nor_the_length(layout, monkeypatch):
+    """Past the launch choices: the traced forward and backward of a symbolic batch and length, whose every
+    tensor wrap_triton's tracing checks for contiguity, add no guard but the int32 bounds of the grids and T
+    (on the H100 a (2, NT, C) buffer guarded on NT == 1, so T = 40 then 77 made two graphs; a scan's program
+    count guarded on B < 132)."""
+    from torch._dynamo.source import LocalSource
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+    monkeypatch.setattr(tb.launch, "_num_sms", lambda device: 132)
+    real = tb.launch._run_traced
+
+    def touch(steps, need, env, device):
+        for t in env.values():
+            if isinstance(t, torch.Tensor):
+                t.is_contiguous()
+        return real(steps, need, env, device)
+
+    monkeypatch.setattr(tb.launch, "_run_traced", touch)
+    dynamic = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC, DimDynamic.STATIC, DimDynamic.DYNAMIC])
+    for per_channel, decay in itertools.product((False, True), (1.0, 0.9, None, 0.0)):
+        env = ShapeEnv()
+        mode = FakeTensorMode(shape_env=env, static_shapes=False)
+        real_x = torch.empty(2, 40, 4).transpose(1, 2) if layout == "b t c" else torch.empty(2, 4, 40)
+        x = mode.from_tensor(real_x, source=LocalSource("x"), symbolic_context=dynamic)
+        with mode:
+            w = torch.empty(4)
+            tiles = tb.launch._tiles_for(x, per_channel, decay)
+            opts = dict(per_channel=per_channel, decay=decay, eps=1e-5, eps_outside=False, tiles=tiles, traced=True)
+            y, _, pre = tb.launch.forward(x, w, w, None, None, return_state=False, save=True, **opts)
+            tb.launch.backward(torch.empty_like(y), None, x, w, None, None, pre, need_weight_grads=True, **opts)
+        bad = [str(g.expr) for g in env.guards if "2147" not in str(g.expr)]
+        assert not bad, (per_channel, decay, bad)
 
 
 def test_concrete_sizes_take_no_symbolic_min_or_max(monkeypatch):

@@ -718,7 +718,7 @@ def _scan_step(p: Plan, B, backward, span_frames, whole, device):
     """span_scan over the span records of each of the B x NCB sequences (whole: GLOBAL's, all of them)."""
     # 4 statistics a program, or 1 where that leaves SMs idle: each program walks every span in turn (ccln
     # (1, 128, 256000) bf16 "b t c": 32 programs of 4 over 1561 spans took 58 of the forward's 204 µs)
-    full = B * p.ncb * triton.cdiv(p.sc, 4) >= _num_sms(device)
+    full = _sure(B * p.ncb * triton.cdiv(p.sc, 4) >= _num_sms(device))  # a symbolic batch: 1 (a guard recompiles)
     bs = min(p.sc, _OVERRIDE.get("scan_block", 4 if full else 1))
     return _Step(span_scan, B * p.ncb, triton.cdiv(p.sc, bs), ws_ptr=_Role("ws"), NSPAN=p.nspan,
                  log2d=p.log2d, SPAN_FRAMES=span_frames, SC=p.sc, BLOCK_R=_pow2_min(p.nspan, SCAN_ROWS),
@@ -897,7 +897,9 @@ class _Backward:
         gsin = torch.zeros(3, B, self.nsc, dtype=torch.float64, device=x.device) if sin is not None else None
         gwp = gw = gb = None
         if self.need_w:  # outputs may not alias
-            gwp = torch.empty(2, B, self.p.nt, C, dtype=torch.float32, device=x.device)
+            # (B * NT) rows, not (B, NT): a traced contiguity check of a size-NT dim guards on NT == 1, a new graph
+            # at T = 65 (torch 2.11, dynamic=True); B * NT >= 2 settles it without a guard
+            gwp = torch.empty(2, B * self.p.nt, C, dtype=torch.float32, device=x.device)
             gw = torch.empty(C, dtype=torch.float32, device=x.device)
             gb = torch.empty(C, dtype=torch.float32, device=x.device)
         aligned = None if traced else True
