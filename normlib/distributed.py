@@ -118,7 +118,7 @@ def norm(spec: NormSpec, x, weight, bias, eps, *, eps_mode, decay, layout, lengt
     lengths = check_sp_lengths(lengths, B, x.device)
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     per_channel = spec.per_channel
-    forward = backends.resolve(backend, x, pooled=not per_channel)
+    forward = backends.resolve(backend, x)
     opts = dict(per_channel=per_channel, eps=float(eps), eps_mode=eps_mode)
     is_global = spec.time is TimeMode.GLOBAL
     # what crosses ranks: summaries, unless nothing reads them (FRAME's statistics are each frame's own); the

@@ -75,7 +75,7 @@ def norm(spec: NormSpec, x: torch.Tensor, weight=None, bias=None, eps: float = 1
         call = _CALLS[key] = _streaming(backends.resolve(backend, x, backends.STREAM)(c.x, **opts),
                                         c.layout == "b t c", tagged)
         return call(x, weight, bias, state)
-    forward = backends.resolve(backend, x, pooled=not spec.per_channel)
+    forward = backends.resolve(backend, x)
     y, state_out = forward(c.x, weight, bias, c.lengths, state, return_state=return_state, **opts)
     if c.layout == "b t c":
         y = y.permute(0, 2, 1)

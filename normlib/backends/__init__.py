@@ -49,15 +49,13 @@ def triton_usable(x: torch.Tensor) -> bool:
     return x.is_cuda or (x.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1")
 
 
-def resolve(backend: str, x: torch.Tensor, table=BACKENDS, *, pooled: bool = False):
-    """The one dispatch point: the backend's forward (or, with ``table=PREPARE``, prepare) for this input.
-    ``pooled``: the norm pools its channels (cln, gln, emaln, frameln)."""
+def resolve(backend: str, x: torch.Tensor, table=BACKENDS):
+    """The one dispatch point: the backend's forward (or, with ``table=PREPARE``, prepare) for this input."""
     if backend == "auto":
-        # Traced by torch.compile, a pooled norm's PyTorch path is two reductions over the channels, cumsums over
-        # (B, T) and a pointwise y, which Inductor fuses into the layers beside it; a Triton op stays a kernel
-        # of its own, its input and output written out (benchmarks/RESULTS.md, the compiled model)
-        use = x.is_cuda and x.dtype != torch.float64 and triton_usable(x) \
-            and not (pooled and torch.compiler.is_compiling())
+        # Under torch.compile too: Inductor launches the Triton ops' kernels from its own code (triton_op). Tracing
+        # the pooled norms' PyTorch path instead, which Inductor fuses, gave the same training step and a slower
+        # inference on the H100 (benchmarks/RESULTS.md, the compiled model)
+        use = x.is_cuda and x.dtype != torch.float64 and triton_usable(x)
         return table["triton" if use else "torch"]
     if backend == "triton" and not triton_usable(x):
         raise ValueError(
