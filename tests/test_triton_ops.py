@@ -192,6 +192,41 @@ def test_the_launch_choices_guard_on_neither_the_batch_nor_the_length(layout, mo
 
 
 @pytest.mark.parametrize("layout", ["b c t", "b t c"])
+@pytest.mark.parametrize("per_channel,decay", [(False, 1.0), (True, 1.0), (False, 0.9), (True, 0.9), (False, None),
+                                               (True, None), (False, 0.0)])
+def test_the_traced_launches_compute_what_the_eager_ones_do(layout, per_channel, decay, monkeypatch):
+    """The launches inside the ops (launch._run_traced, which Inductor takes over on a GPU: fresh zeroed
+    workspaces, dummy pointers, every argument by name) run here as plain launches of the interpreted kernels:
+    forward and backward, with lengths and an incoming state, equal to the eager launches' to the bit. On the CPU
+    the ops are otherwise opaque, so nothing else runs this path before a GPU does."""
+    monkeypatch.setattr(torch.library, "wrap_triton", lambda kernel: kernel)
+    g = torch.Generator().manual_seed(3)
+    B, C, T = 2, 5, 19
+    x = torch.randn((B, T, C) if layout == "b t c" else (B, C, T), generator=g)
+    x = dev(x.transpose(1, 2) if layout == "b t c" else x)
+    w, b = dev(torch.randn(C, generator=g)), dev(torch.randn(C, generator=g))
+    lengths = dev(torch.tensor([T, 11]))
+    nsc = C if per_channel else 1
+    running = decay not in (None, 0.0)
+    sin = dev(torch.stack([torch.full((B, nsc), 3.0, dtype=torch.float64), torch.randn(B, nsc, dtype=torch.float64,
+                           generator=g), torch.rand(B, nsc, dtype=torch.float64, generator=g)])) if running else None
+    gy = torch.randn_like(x)
+    with tb.tile_size(block_t=4, window=2):
+        tiles = tb.launch.tiles_for(x, per_channel, decay)
+    opts = dict(per_channel=per_channel, decay=decay, eps=1e-5, eps_outside=False, tiles=tiles)
+    got = []
+    for traced in (False, True):
+        y, sout, pre = tb.launch.forward(x, w, b, lengths, sin, return_state=running, save=True, traced=traced,
+                                         **opts)
+        gsout = torch.ones_like(sout) if running else None
+        grads = tb.launch.backward(gy, gsout, x, w, lengths, sin, pre, need_weight_grads=True, traced=traced, **opts)
+        got.append([t for t in (y, sout, pre, *grads) if t is not None])
+    assert len(got[0]) == len(got[1])
+    for i, (a, t) in enumerate(zip(*got)):
+        assert torch.equal(a, t), i
+
+
+@pytest.mark.parametrize("layout", ["b c t", "b t c"])
 def test_a_traced_call_guards_on_neither_the_batch_nor_the_length(layout, monkeypatch):
     """Past the launch choices: the traced forward and backward of a symbolic batch and length, whose every
     tensor wrap_triton's tracing checks for contiguity, add no guard but the int32 bounds of the grids and T
