@@ -196,10 +196,23 @@ def test_the_launch_choices_guard_on_neither_the_batch_nor_the_length(layout, mo
                                                (True, None), (False, 0.0)])
 def test_the_traced_launches_compute_what_the_eager_ones_do(layout, per_channel, decay, monkeypatch):
     """The launches inside the ops (launch._run_traced, which Inductor takes over on a GPU: fresh zeroed
-    workspaces, dummy pointers, every argument by name) run here as plain launches of the interpreted kernels:
-    forward and backward, with lengths and an incoming state, equal to the eager launches' to the bit. On the CPU
-    the ops are otherwise opaque, so nothing else runs this path before a GPU does."""
-    monkeypatch.setattr(torch.library, "wrap_triton", lambda kernel: kernel)
+    workspace and ticket counter, dummy pointers, every argument by name) run here as plain launches of the
+    interpreted kernels: forward and backward, with lengths and an incoming state, equal to the eager launches'
+    to the bit. On the CPU the ops are otherwise opaque, so nothing else runs this path before a GPU does."""
+    counters = []
+
+    class Plain:  # wrap_triton's stand-in: the launch itself, and each look-back launch's counter after it
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def __getitem__(self, grid):
+            def launch(**kw):
+                self.kernel[grid](**kw)
+                if kw.get("CTR_IN_WS"):
+                    counters.append(int(kw["ws_ptr"][-1]))
+            return launch
+
+    monkeypatch.setattr(torch.library, "wrap_triton", Plain)
     g = torch.Generator().manual_seed(3)
     B, C, T = 2, 5, 19
     x = torch.randn((B, T, C) if layout == "b t c" else (B, C, T), generator=g)
@@ -224,6 +237,9 @@ def test_the_traced_launches_compute_what_the_eager_ones_do(layout, per_channel,
     assert len(got[0]) == len(got[1])
     for i, (a, t) in enumerate(zip(*got)):
         assert torch.equal(a, t), i
+    # look-back launches count their tickets in the word after the records (one zeroed buffer): every tile took
+    # one, and the last moved the counter to the next epoch
+    assert counters == ([1 << 32] * 2 if running and not tiles[7] else []), counters
 
 
 @pytest.mark.parametrize("layout", ["b c t", "b t c"])

@@ -82,6 +82,7 @@ def configs(flag_sets=("plain", "full"), shapes=SHAPES):
                           SPAN=1 if strip else 2, WINDOW=launch.window_for(pc, B * ints["NCB"], 132),
                           DETERMINISTIC=full, AGG_ONLY=False, STRIP=bool(strip), HOLD=hold, LONE=pc or C == 1,
                           STAGES=stages, WALK_STAGES=walk, EMA32=launch.ema32_for(pc, mode, math.log2(0.99), bt),
+                          CTR_IN_WS=layer and mode in (1, 2) and not strip,  # a step under torch.compile
                           **{k: v for k, v in launch.vec_for((B, C, T), ((st["b"], st["c"], st["t"]),)).items()
                              if not (full and k == "WIDE")})  # "full": int64 offsets (WIDE, the default)
             if kernel is running_norm_fwd:

@@ -915,7 +915,7 @@ def running_norm_fwd(
     sout_ptr,  # [3, B, C or 1] float64 outgoing state
     pre_ptr,  # [B * NCB, NT, 3, SC] float32: each tile's incoming prefix of the frames alone (GLOBAL: the totals)
     ws_ptr,  # int64 look-back records [B * NCB, NT, 6, SC], or float32 GLOBAL span summaries
-    ctr_ptr,  # [1] int64 ticket counter (epoch << 32 | ticket)
+    ctr_ptr,  # [1] int64 ticket counter (epoch << 32 | ticket); CTR_IN_WS: ws_ptr's word after the records
     sxb, sxc, sxt, syb, syc, syt,
     B, C, T, NCB, NT, NSPAN,
     log2d, eps,
@@ -928,9 +928,12 @@ def running_norm_fwd(
     HOLD: tl.constexpr = True, VEC_T: tl.constexpr = 1, VEC_C: tl.constexpr = 1, SEG: tl.constexpr = False,
     SCANNED: tl.constexpr = False, LONE: tl.constexpr = True, STAGES: tl.constexpr = 1,
     WALK_STAGES: tl.constexpr = 1, EMA32: tl.constexpr = False, WIDE: tl.constexpr = True,
+    CTR_IN_WS: tl.constexpr = False,
 ):
     log2d, eps, log2d_lo = _f32(log2d), _f32(eps), _f32(log2d_lo)
     SC: tl.constexpr = 1 if POOL_ALL else BLOCK_C  # statistics per frame: one, or one per channel
+    if CTR_IN_WS:  # the ops' launches: the ticket counter is the word after the records (one buffer to zero)
+        ctr_ptr = ws_ptr + (tl.zeros([], tl.int64) + B) * NCB * NT * (6 * SC)
     CHAN: tl.constexpr = not POOL_ALL and MODE == 1  # _local_sums' float32 summaries
     SOUT64: tl.constexpr = STORE_SOUT and HAS_SIN and (MODE == 1 or MODE == 2)
     T, sxc, syc = _multiple(T, VEC_T), _multiple(sxc, VEC_T), _multiple(syc, VEC_T)  # see VEC below
@@ -1166,10 +1169,12 @@ def running_norm_bwd(
     HOLD: tl.constexpr = True, VEC_T: tl.constexpr = 1, VEC_C: tl.constexpr = 1, SEG: tl.constexpr = False,
     FLIP: tl.constexpr = False, SCANNED: tl.constexpr = False, LONE: tl.constexpr = True,
     STAGES: tl.constexpr = 1, WALK_STAGES: tl.constexpr = 1, EMA32: tl.constexpr = False,
-    WIDE: tl.constexpr = True,
+    WIDE: tl.constexpr = True, CTR_IN_WS: tl.constexpr = False,
 ):
     log2d, eps = _f32(log2d), _f32(eps)
     SC: tl.constexpr = 1 if POOL_ALL else BLOCK_C
+    if CTR_IN_WS:  # as in the forward
+        ctr_ptr = ws_ptr + (tl.zeros([], tl.int64) + B) * NCB * NT * (6 * SC)
     CHAN: tl.constexpr = not POOL_ALL and MODE == 1
     T, sxc, sgc, sdc = _multiple(T, VEC_T), _multiple(sxc, VEC_T), _multiple(sgc, VEC_T), _multiple(sdc, VEC_T)
     C, sxt, sgt, sdt = _multiple(C, VEC_C), _multiple(sxt, VEC_C), _multiple(sgt, VEC_C), _multiple(sdt, VEC_C)

@@ -741,19 +741,22 @@ def _run(steps, need, env, device, aligned):
 
 def _run_traced(steps, need, env, device):
     """The launches of a call inside the PyTorch ops (a ``triton_op``): through ``wrap_triton``, which
-    torch.compile traces into launches of Inductor's own, and with a workspace of fresh zeros, a buffer of the
-    compiled graph like any other (CUDA graphs replay its zeroing)."""
+    torch.compile traces into launches of Inductor's own, and with a workspace of fresh zeros (its ticket counter
+    in the word after the records), a buffer of the compiled graph like any other (CUDA graphs replay its
+    zeroing)."""
     if need is not None and need[0] == "span":
         env["ws"] = torch.empty(need[1], dtype=torch.float32, device=device)
-    elif need is not None:
-        env["ws"] = torch.zeros(need[1], dtype=torch.int64, device=device)
-        env["ctr"] = torch.zeros(1, dtype=torch.int64, device=device)
+    elif need is not None:  # the records, then the ticket counter (CTR_IN_WS): one buffer, one fill a launch
+        env["ws"] = torch.zeros(need[1] + 1, dtype=torch.int64, device=device)
+        env["ctr"] = env["none"]
     if isinstance(env.get("x", env.get("parts")), FakeTensor):  # shapes only (the ops' fake implementation)
         return
     for step in steps:
         kw = dict(step.kw)
         for name, role in step.roles:
             kw[name] = env[role]
+            if role == "ctr":
+                kw["CTR_IN_WS"] = True
         for name, param in zip(getattr(step.kernel, "arg_names", ()), getattr(step.kernel, "params", ())):
             kw.setdefault(name, param.default)  # Inductor binds every argument by name, defaults too
         torch.library.wrap_triton(step.kernel)[step.grid](**kw)
