@@ -93,11 +93,17 @@ class _Visit:
         self.page = context.new_page()
         self.page.on("console", lambda m: m.type == "error" and self.problems.append(f"console: {m.text}"))
         self.page.on("pageerror", lambda e: self.problems.append(f"page error: {e}"))
-        self.page.on("requestfailed", lambda r: self.problems.append(f"request failed: {r.url} {r.failure}"))
+        self.page.on("requestfailed", self._failed)
         self.page.route("**/*", self._local_only)
         response = self.page.goto(url, wait_until="load")
         assert response is not None and response.ok, f"{url}: HTTP {response and response.status}"
         self.page.wait_for_load_state("networkidle")
+
+    def _failed(self, request):
+        # net::ERR_ABORTED: cancelled by the page leaving (a click or go_back while the search worker loads), not
+        # a fault of the site; a missing file is a 404, which the console reports
+        if request.failure != "net::ERR_ABORTED":
+            self.problems.append(f"request failed: {request.url} {request.failure}")
 
     def _local_only(self, route):
         host = urlparse(route.request.url).hostname
