@@ -1074,6 +1074,31 @@ def test_each_stream_has_its_own_look_back_workspace(monkeypatch, deterministic)
     assert ws1.data_ptr() != ws2.data_ptr() and ctr1.data_ptr() != ctr2.data_ptr()
 
 
+@pytest.mark.parametrize("name, tiles", [("ccln", dict(block_t=4, block_c=2, strip=2, span=3, window=2)),
+                                         ("gln", dict(block_t=4, strip=False, span=2))])
+def test_span_records_are_kept_per_stream_and_written_before_read(name, tiles):
+    """SEG and GLOBAL launches keep their span records per stream, as the look-back keeps its records: no
+    allocation a call. Every record a call reads is one it wrote: poisoned_buffers fills them with NaN before
+    each call, so a read of an earlier call's record (right values, from the same shape) fails here."""
+    x = make_x(2, 5, 37, offset=2.0)
+    xg = dev(x).clone().requires_grad_()
+    key = (xg.device, launch._stream_key(xg.device), "span")
+    with tile_size(**tiles):
+        outs, kept = [], []
+        for _ in range(2):
+            y = tri(name, xg)
+            (gx,) = torch.autograd.grad((y * dev(x).cos()).sum(), xg)
+            outs.append((y, gx))
+            kept.append(launch._WORKSPACES.get(key))
+    assert kept[0] is not None and kept[1] is kept[0], "the span records must be kept between calls"
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+    xr = x.double().requires_grad_()
+    y_ref = ref(name, xr)
+    check_output(outs[1][0], dev(x), y_ref.detach(), F32, "y")
+    (gx_ref,) = torch.autograd.grad((y_ref * x.double().cos()).sum(), xr)
+    assert_rel(outs[1][1], gx_ref, 1e-4, "dx")
+
+
 @pytest.mark.parametrize("name", ["cln", "ccemaln"])
 def test_garbage_in_the_workspace_is_ignored(name):
     """Records of random garbage left in the workspace are not read as this launch's. The interpreter runs

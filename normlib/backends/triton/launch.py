@@ -522,16 +522,27 @@ def _workspace(device, n_words, stream=None):
     """The look-back records (zeroed once, grown on demand) and the ticket counter of a device's current
     stream: launches on two streams may run at once, and sharing them would mix their tickets and records."""
     key = (device, _stream_key(device) if stream is None else stream)
+    return _kept(key, n_words, device), _kept(key + ("ctr",), 1, device, least=1)
+
+
+def _span_records(device, n_floats, stream):
+    """The span records of a stream's SEG and GLOBAL launches (float32, written before they are read in each
+    call, so never zeroed again): kept and grown as the look-back's, with no allocation a call."""
+    key = (device, stream, "span")
     ws = _WORKSPACES.get(key)
-    if ws is None or ws.numel() < n_words:
+    if ws is None or ws.numel() < n_floats:
+        ws = _WORKSPACES[key] = _kept(key + ("words",), (n_floats + 1) // 2, device).view(torch.float32)
+    return ws
+
+
+def _kept(key, n, device, least=1 << 12):
+    """A buffer of at least n int64 zeros that outlives the call, grown (doubled) on demand."""
+    ws = _WORKSPACES.get(key)
+    if ws is None or ws.numel() < n:
         if ws is not None:  # launches on the stream may still read it, and a graph may hold its address
             _RETIRED.append(ws)
-        ws = _WORKSPACES[key] = _persistent_zeros(max(n_words, 1 << 12, 2 * (ws.numel() if ws is not None else 0)),
-                                                  device)
-    ctr = _WORKSPACES.get(key + ("ctr",))
-    if ctr is None:
-        ctr = _WORKSPACES[key + ("ctr",)] = _persistent_zeros(1, device)
-    return ws, ctr
+        ws = _WORKSPACES[key] = _persistent_zeros(max(n, least, 2 * (ws.numel() if ws is not None else 0)), device)
+    return ws
 
 
 _RETIRED: list = []
@@ -732,7 +743,7 @@ def _run(steps, need, env, device, aligned):
     with _device_guard(device):
         stream = _stream_key(device)
         if need is not None and need[0] == "span":
-            env["ws"] = torch.empty(need[1], dtype=torch.float32, device=device)
+            env["ws"] = _span_records(device, need[1], stream)
         elif need is not None:
             env["ws"], env["ctr"] = _workspace(device, need[1], stream)
         for step in steps:
