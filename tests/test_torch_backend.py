@@ -1,5 +1,6 @@
 """The PyTorch backend (``backend="torch"``) against the float64 reference: every norm, both layouts,
 affine or not, lengths, dtypes, odd and random shapes, gradients, DC offsets, causality, identities."""
+import numpy as np
 import pytest
 import torch
 from hypothesis import given
@@ -984,8 +985,9 @@ def _strided(x, how):
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("name,decay", [("ccln", None), ("ccemaln", 0.9)])
 def test_per_channel_gradients_keep_their_digits_where_the_mean_drifts_far_from_the_shift(name, decay, layout):
-    """The per-channel loops' backward reads the forward's x - mu and r, not mu: a float32 mu 1500 from K (a ramp
-    under a short EMA, whose spread stays about 2) would cost dx 1e-4; x - mu keeps it to float32's rounding."""
+    """The per-channel loops' backward recomputes x - mu in float64 from the moments entering each tile, as the
+    forward did: a mu 1500 from K (a ramp under a short EMA, whose spread stays about 2) rounded to float32 would
+    cost dx 1e-4."""
     gen = torch.Generator().manual_seed(3)
     B, C, T = 2, 8, 3000
     x64 = torch.arange(T, dtype=F64) * 0.5 + 1e3 + torch.randn(B, C, T, generator=gen, dtype=F64)
@@ -998,6 +1000,33 @@ def test_per_channel_gradients_keep_their_digits_where_the_mean_drifts_far_from_
     yr = normlib.reference.REFERENCES[name](xr, **({} if decay is None else {"decay": decay}))
     gr, = torch.autograd.grad(yr, xr, gy)
     assert rel_err(perm(y), yr) < 1e-6
+    assert rel_err(perm(gx), gr) < 1e-6
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_the_per_channel_loops_keep_two_numbers_a_channel_a_tile_for_the_backward(layout):
+    """What a per-channel layer keeps until its backward, beside x: each tile's incoming mean and M2 (float64,
+    two numbers a channel every TILE frames), not arrays of x's size; and the backward from them is the
+    reference's (T = 1000: a last tile of 8 frames)."""
+    from normlib.backends import cpu
+    if not cpu.AVAILABLE:
+        pytest.skip("numba is not installed")
+    gen = torch.Generator().manual_seed(5)
+    B, C, T = 2, 8, 1000
+    x64 = make_x(B, C, T, generator=gen, offset=1e4)
+    gy = torch.randn(B, C, T, generator=gen, dtype=F64)
+    perm = (lambda t: t) if layout == "b c t" else (lambda t: t.transpose(1, 2))
+    x = perm(x64).float().requires_grad_()
+    y = run("ccln", x, layout=layout)
+    node = y.grad_fn
+    while type(node).__name__ != "_CpuLoopsBackward":  # past a layout's transpose
+        node = node.next_functions[0][0]
+    kept = node.stats[0]
+    assert kept.dtype == np.float64 and kept.size == B * C * 2 * -(-T // cpu.TILE)
+    assert kept.nbytes * 3 < x.numel() * x.element_size()  # a quarter of float32 x (the two arrays: twice x)
+    gx, = torch.autograd.grad(y, x, perm(gy).float())
+    xr = x64.float().double().requires_grad_()
+    gr, = torch.autograd.grad(normlib.reference.REFERENCES["ccln"](xr), xr, gy)
     assert rel_err(perm(gx), gr) < 1e-6
 
 

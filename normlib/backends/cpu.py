@@ -8,7 +8,8 @@ was the layer's time. Pooled, a sequence is two or three passes: each frame's su
 (float64), Welford's recurrence over the frames (the same merge as the general path, in float64, shifted by
 K, frame 0's mean), then y. The backward is the formula of ``_PooledNorm`` (docs/backward.md) in two passes.
 Per channel (``forward_channels``), every channel is its own recurrence: tiles of frames, each frame a step over
-a block of channels as vectors; the backward reads what the forward kept (each value's x - mu and r).
+a block of channels as vectors; the backward recomputes each tile's moments and roots from the moments that
+entered it, which the forward kept (two numbers a channel every 16 frames, in place of two arrays of x's size).
 
 A pooled sequence is a 2-D array in one of two orientations: ``(C, T)`` with time contiguous ("b c t") or
 ``(T, C)`` with channels contiguous ("b t c"); each has its own loops, so that the inner loop always runs over
@@ -304,12 +305,12 @@ def _rstd_row(v, eps, inside, r):
 
 
 @_jit_ordered
-def _forward_block(x, w, b, d, eps, inside, y, w0, m0, q0, final, sd, sr, sv, c0, c1):
-    """forward_channels of channels c0 .. c1 (x, y: the whole (B, T, C) arrays; the others the block's own, sd,
-    sr and sv (B, T, c1 - c0) or empty). Frames go in tiles of TILE, each frame a step over the block's channels
+def _forward_block(x, w, b, d, eps, inside, y, w0, m0, q0, final, ck, c0, c1):
+    """forward_channels of channels c0 .. c1 (x, y: the whole (B, T, C) arrays; the others the block's own, ck
+    (B, _rows(T), c1 - c0) or empty). Frames go in tiles of TILE, each frame a step over the block's channels
     (independent recurrences side by side, as vectors)."""
     B, T, C = x.shape[0], x.shape[1], c1 - c0
-    keep, keep_var = sd.size > 0, sv.size > 0
+    keep = ck.size > 0
     K, W, mu, M2 = np.empty(C), np.empty(C), np.empty(C), np.empty(C)
     g, bb = np.ones(C), np.zeros(C)
     for c in range(C):
@@ -331,6 +332,10 @@ def _forward_block(x, w, b, d, eps, inside, y, w0, m0, q0, final, sd, sr, sv, c0
         for t0 in range(0, T, TILE):
             n = min(TILE, T - t0)
             _load_tile(x, bi, t0, n, c0, K, u)
+            if keep:  # the moments entering the tile: the backward recomputes its frames from them
+                k0, k1 = ck[bi, 2 * (t0 // TILE)], ck[bi, 2 * (t0 // TILE) + 1]
+                for c in range(C):
+                    k0[c], k1[c] = mu[c], M2[c]
             for j in range(n):
                 uj, oj = u[j], out[j]
                 if same:
@@ -352,30 +357,21 @@ def _forward_block(x, w, b, d, eps, inside, y, w0, m0, q0, final, sd, sr, sv, c0
                 _rstd_row(v, eps, inside, r)
                 for c in range(C):
                     oj[c] = (uj[c] - mu[c]) * (r[c] * g[c]) + bb[c]
-                if keep:  # what the backward reads of this frame: x - mu (so mu = x - it, to x's digits) and r
-                    t = t0 + j
-                    sdt, srt = sd[bi, t], sr[bi, t]
-                    for c in range(C):
-                        sdt[c] = uj[c] - mu[c]
-                        srt[c] = r[c]
-                    if keep_var:
-                        svt = sv[bi, t]
-                        for c in range(C):
-                            svt[c] = v[c]
             _store_tile(out, y, bi, t0, n, c0)
         for c in range(C):
             final[0, bi, c], final[1, bi, c], final[2, bi, c] = W[c], mu[c] + K[c], M2[c]
 
 
 @_jit_ordered
-def _backward_block(x, gy, w, d, eps, inside, dx, dw, db, sd, sr, sv, c0, c1):
-    """backward_channels of channels c0 .. c1 (x, gy, dx whole, the others the block's own, as _forward_block's):
-    the reverse scans, tile by tile from the last frame."""
+def _backward_block(x, gy, w, d, eps, inside, dx, dw, db, ck, c0, c1):
+    """backward_channels of channels c0 .. c1 (x, gy, dx whole, ck the block's own, as _forward_block's): the
+    reverse scans, tile by tile from the last frame, each tile's moments, roots and x - mu recomputed first from
+    the moments that entered it (in the first-level cache: no array of x's size is kept for the backward)."""
     B, T, C = x.shape[0], x.shape[1], c1 - c0
-    K, U, V = np.empty(C), np.empty(C), np.empty(C)
+    K, U, V, mu, M2 = np.empty(C), np.empty(C), np.empty(C), np.empty(C), np.empty(C)
     Ws = np.empty(T)
     W = 0.0
-    for t in range(T):  # no state: one weight for every channel
+    for t in range(T):  # no state: one weight for every channel, as the forward's
         W = d * W + 1.0
         Ws[t] = W
     g = np.ones(C)
@@ -383,6 +379,7 @@ def _backward_block(x, gy, w, d, eps, inside, dx, dw, db, sd, sr, sv, c0, c1):
         if w.size:
             g[c] = w[c]
     u, gt, out = np.empty((TILE, C)), np.empty((TILE, C)), np.empty((TILE, C))
+    dvs, rs, vs = np.empty((TILE, C)), np.empty((TILE, C)), np.empty((TILE, C))
     sw, sb = np.zeros(C), np.zeros(C)  # dgamma and dbeta here: dw and db are the caller's views
     zero = np.zeros(C)
     last = (T - 1) // TILE * TILE
@@ -393,17 +390,33 @@ def _backward_block(x, gy, w, d, eps, inside, dx, dw, db, sd, sr, sv, c0, c1):
             n = min(TILE, T - t0)
             _load_tile(x, bi, t0, n, c0, K, u)
             _load_tile(gy, bi, t0, n, c0, zero, gt)
+            k0, k1 = ck[bi, 2 * (t0 // TILE)], ck[bi, 2 * (t0 // TILE) + 1]
+            for c in range(C):
+                mu[c], M2[c] = k0[c], k1[c]
+            for j in range(n):  # the forward's steps, the same operations: the same values
+                t = t0 + j
+                dW = d * Ws[t - 1] if t > 0 else 0.0
+                Wn = dW + 1.0
+                inv = 1.0 / Wn
+                uj, vj = u[j], vs[j]
+                for c in range(C):
+                    mu[c], M2[c] = _chan_step(uj[c], mu[c], M2[c], d, dW, inv)
+                    vj[c] = M2[c] * inv if Wn > 1.0 else 1.0
+                _rstd_row(vj, eps, inside, rs[j])
+                dj = dvs[j]
+                for c in range(C):
+                    dj[c] = uj[c] - mu[c]
             for j in range(n - 1, -1, -1):
                 t = t0 + j
                 invW, live = 1.0 / Ws[t], Ws[t] > 1.0
-                uj, gj, oj, sdt, srt = u[j], gt[j], out[j], sd[bi, t], sr[bi, t]
+                uj, gj, oj, dj, rj, vj = u[j], gt[j], out[j], dvs[j], rs[j], vs[j]
                 for c in range(C):  # _frame_terms with A = g dy and S = g dy x^, written out once a frame
                     gg = g[c] * gj[c]
-                    dv, rt = np.float64(sdt[c]), np.float64(srt[c])
+                    dv, rt = dj[c], rj[c]
                     if inside:
                         G2 = -rt * rt * (gg * dv * rt) if live else 0.0
                     else:
-                        var = np.float64(sv[bi, t, c])
+                        var = vj[c]
                         sig = math.sqrt(max(var, _TINY))
                         G2 = -rt / sig * (gg * dv * rt) if live and var >= _TINY else 0.0
                     xh = dv * rt
@@ -430,6 +443,12 @@ def _block(x):
 
 
 @_jit_ordered
+def _rows(T):
+    """Rows a sequence's checkpoint holds: each tile's incoming mean and M2."""
+    return 2 * ((T + TILE - 1) // TILE)
+
+
+@_jit_ordered
 def _blocked(a, B, T, c0, c1):
     """Channels c0 .. c1 of a saved (B, T, C) statistic stored block after block: each block's (B, T, c1 - c0)
     part is contiguous, so that a frame's row of it is one vector (empty where none is kept)."""
@@ -437,25 +456,25 @@ def _blocked(a, B, T, c0, c1):
 
 
 @_jit_ordered
-def forward_channels(x, w, b, d, eps, inside, y, w0, m0, q0, final, sd, sr, sv):
+def forward_channels(x, w, b, d, eps, inside, y, w0, m0, q0, final, ck):
     """The per-channel norms (ccln, ccemaln): y of x ((B, T, C) arrays in any strides: a "b c t" tensor's view
     transposed, a "b t c" one's own), each channel its own running statistics, shifted by its frame 0 (or the
     state's mean, _outweighs); w, b: (C,) or empty. The incoming state's w, m, M2: (B, C) float64 each (zeros for
-    none); ``final``: the state after the last frame, (3, B, C). For the backward, where sd and sr hold B T C
-    values (else empty): each value's x - mu and r, and with eps outside the root its variance into sv
+    none); ``final``: the state after the last frame, (3, B, C). For the backward, where ck holds B _rows(T) C
+    values (else empty): each tile's incoming mean (relative to the shift) and M2, rows 2k and 2k + 1 of tile k
     (_blocked). In blocks of CHANNELS channels."""
     B, T, C = x.shape
     cb = _block(x)
     for c0 in range(0, C, cb):
         c1 = min(c0 + cb, C)
         _forward_block(x, w[c0:c1] if w.size else w, b[c0:c1] if b.size else b, d, eps, inside, y,
-                       w0[:, c0:c1], m0[:, c0:c1], q0[:, c0:c1], final[:, :, c0:c1], _blocked(sd, B, T, c0, c1),
-                       _blocked(sr, B, T, c0, c1), _blocked(sv, B, T, c0, c1), c0, c1)
+                       w0[:, c0:c1], m0[:, c0:c1], q0[:, c0:c1], final[:, :, c0:c1], _blocked(ck, B, _rows(T), c0, c1),
+                       c0, c1)
 
 
 @_jit_ordered
-def backward_channels(x, gy, w, d, eps, inside, dx, dw, db, sd, sr, sv):
-    """dx of forward_channels without a state, from the forward's sd, sr (and sv), and dL/dgamma, dL/dbeta added
+def backward_channels(x, gy, w, d, eps, inside, dx, dw, db, ck):
+    """dx of forward_channels without a state, from x and the forward's ck, and dL/dgamma, dL/dbeta added
     into dw, db ((C,) float64, zeroed by the caller); arrays as forward_channels', in blocks of CHANNELS channels:
     _PooledNorm's formula with one value a frame, its reverse scans tile by tile from the last frame."""
     B, T, C = x.shape
@@ -463,4 +482,4 @@ def backward_channels(x, gy, w, d, eps, inside, dx, dw, db, sd, sr, sv):
     for c0 in range(0, C, cb):
         c1 = min(c0 + cb, C)
         _backward_block(x, gy, w[c0:c1] if w.size else w, d, eps, inside, dx, dw[c0:c1], db[c0:c1],
-                        _blocked(sd, B, T, c0, c1), _blocked(sr, B, T, c0, c1), _blocked(sv, B, T, c0, c1), c0, c1)
+                        _blocked(ck, B, _rows(T), c0, c1), c0, c1)

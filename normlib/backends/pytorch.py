@@ -558,10 +558,9 @@ def _orientation(x) -> int:
 
 def _cpu_forward(x, weight, bias, decay, eps, eps_mode, state=None, per_channel=False, keep=False, orient=None):
     """y and the state after the last frame, float64 arrays (3, B) or (3, B, C) per channel; with ``keep``, what
-    the backward reads: pooled, the running mean and variance of every frame; per channel, each value's x - mu
-    and r (and variance, eps outside the root), as arrays of x's size and dtype. Numpy's arrays throughout: a torch
-    op costs more than these calls' work at a streaming hop's sizes. ``orient``: x's _orientation, where a
-    prepared call knows it."""
+    the backward reads: pooled, the running mean and variance of every frame; per channel, each tile's incoming
+    moments (cpu.forward_channels' ck). Numpy's arrays throughout: a torch op costs more than these calls' work
+    at a streaming hop's sizes. ``orient``: x's _orientation, where a prepared call knows it."""
     B, C, T = x.shape
     xa = x.numpy(force=True)  # a view of x (detached)
     shape = (B, C) if per_channel else (B,)
@@ -573,14 +572,11 @@ def _cpu_forward(x, weight, bias, decay, eps, eps_mode, state=None, per_channel=
     if per_channel:  # (B, T, C) views in any strides: each channel's row is one recurrence
         y = np.empty_like(xa)  # x's memory order
         inside = eps_mode == "inside"
-        # with keep, the backward's x - mu and r of every value (and the variance, eps outside the root)
-        if keep:
-            sd, sr, sv = (np.empty(B * T * C if i < 2 or not inside else 0, xa.dtype) for i in range(3))
-        else:  # a stream's hop: none, and no allocation
-            sd = sr = sv = _NO_STATS[xa.dtype.itemsize == 8]
+        # with keep, the moments entering each tile of frames: the backward recomputes the tile's from them
+        ck = np.empty(B * cpu._rows(T) * C) if keep else _NO_STATS  # a stream's hop: none, and no allocation
         cpu.forward_channels(xa.transpose(0, 2, 1), _array(weight), _array(bias), float(decay), float(eps), inside,
-                             y.transpose(0, 2, 1), w0, m0, q0, final, sd, sr, sv)
-        return torch.from_numpy(y), final, (sd, sr, sv) if keep else None, None
+                             y.transpose(0, 2, 1), w0, m0, q0, final, ck)
+        return torch.from_numpy(y), final, ck if keep else None, None
     orient = _orientation(x) if orient is None else orient
     tc = orient == 1
     xa = xa.transpose(0, 2, 1) if tc else xa if orient == 0 else np.ascontiguousarray(xa)
@@ -593,7 +589,7 @@ def _cpu_forward(x, weight, bias, decay, eps, eps_mode, state=None, per_channel=
 
 
 _NONE2 = np.empty((0, 0))  # statistics not kept
-_NO_STATS = (np.empty(0, np.float32), np.empty(0, np.float64))  # per channel, by x's dtype
+_NO_STATS = np.empty(0)  # per channel: no checkpoints kept
 
 
 def _state_of(final):
@@ -609,7 +605,7 @@ class _CpuLoops(torch.autograd.Function):
     def forward(ctx, x, weight, bias, decay, eps, eps_mode, per_channel):
         y, _, mus, var = _cpu_forward(x, weight, bias, decay, eps, eps_mode, per_channel=per_channel, keep=True)
         ctx.save_for_backward(x, weight)
-        # pooled: each frame's running mean and variance; per channel, each value's x - mu and r (x's size each)
+        # pooled: each frame's running mean and variance; per channel, each tile's incoming moments
         ctx.stats = (mus, var, decay, eps, eps_mode, per_channel)
         ctx.bias_dtype = None if bias is None else bias.dtype
         return y
@@ -624,10 +620,9 @@ class _CpuLoops(torch.autograd.Function):
         gy = gy if gy.dtype == x.dtype else gy.to(x.dtype)
         if per_channel:
             dx = torch.empty_like(x)
-            sd, sr, sv = mus
             cpu.backward_channels(x.detach().numpy().transpose(0, 2, 1), gy.numpy().transpose(0, 2, 1),
                                   _array(weight), float(decay), float(eps), eps_mode == "inside",
-                                  dx.numpy().transpose(0, 2, 1), dw, db, sd, sr, sv)
+                                  dx.numpy().transpose(0, 2, 1), dw, db, mus)
         else:
             xv, tc = _cpu_arrays(x.detach())
             gv = (gy.transpose(1, 2) if tc else gy).contiguous()
