@@ -369,11 +369,12 @@ def _backward_block(x, gy, w, d, eps, inside, dx, dw, db, ck, c0, c1):
     the moments that entered it (in the first-level cache: no array of x's size is kept for the backward)."""
     B, T, C = x.shape[0], x.shape[1], c1 - c0
     K, U, V, mu, M2 = np.empty(C), np.empty(C), np.empty(C), np.empty(C), np.empty(C)
-    Ws = np.empty(T)
+    Ws, dWs = np.empty(T), np.empty(T)
     W = 0.0
-    for t in range(T):  # no state: one weight for every channel, as the forward's
-        W = d * W + 1.0
-        Ws[t] = W
+    for t in range(T):  # no state: one weight for every channel, rounded as the forward's (dW kept: no fma)
+        dW = d * W
+        W = dW + 1.0
+        Ws[t], dWs[t] = W, dW
     g = np.ones(C)
     for c in range(C):
         if w.size:
@@ -395,8 +396,7 @@ def _backward_block(x, gy, w, d, eps, inside, dx, dw, db, ck, c0, c1):
                 mu[c], M2[c] = k0[c], k1[c]
             for j in range(n):  # the forward's steps, the same operations: the same values
                 t = t0 + j
-                dW = d * Ws[t - 1] if t > 0 else 0.0
-                Wn = dW + 1.0
+                dW, Wn = dWs[t], Ws[t]
                 inv = 1.0 / Wn
                 uj, vj = u[j], vs[j]
                 for c in range(C):
