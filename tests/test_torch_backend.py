@@ -1000,7 +1000,7 @@ def test_per_channel_gradients_keep_their_digits_where_the_mean_drifts_far_from_
     yr = normlib.reference.REFERENCES[name](xr, **({} if decay is None else {"decay": decay}))
     gr, = torch.autograd.grad(yr, xr, gy)
     assert rel_err(perm(y), yr) < 1e-6
-    assert rel_err(perm(gx), gr) < 1e-6
+    assert rel_err(perm(gx), gr) < 1e-7  # 3.9e-8 (7.7e-8 when the backward read float32 x - mu and r)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
