@@ -314,3 +314,29 @@ def test_the_launch_choices_of_a_symbolic_length_are_right_at_any_length(name, m
         assert rel_err(y, yr) < 1e-5, T
         for g, r in zip(grads, wgrads):
             assert rel_err(g, r) < 1e-4, T
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "eager"])
+def test_like_layers_share_one_traced_region(backend):
+    """Under torch.compile the op is a nested compile region: three like layers call one subgraph, which Inductor
+    compiles once (the forward and its backward) rather than three times. backend="eager" traces the op plainly:
+    torch cannot run the backward of a region there. Both train as eager does."""
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return torch._dynamo.lookup_backend(backend)(gm, example_inputs)
+
+    record.__name__ = backend  # Dynamo names a callable backend by it: the name the region's choice reads
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = nn.Sequential(*[normlib.create("cln", 4, backend="triton") for _ in range(3)]).to(DEVICE)
+    x = torch.randn(2, 4, 10, device=DEVICE, requires_grad=True)
+    torch.compile(model, backend=record, fullgraph=True)(x).square().sum().backward()
+    got = x.grad
+    x.grad = None
+    model(x).square().sum().backward()
+    assert rel_err(got, x.grad) < 1e-5
+    calls = [n for n in graphs[0].graph.nodes if n.target is torch.ops.higher_order.invoke_subgraph]
+    assert len(calls) == (3 if backend == "aot_eager" else 0)
+    assert len({n.args[1] for n in calls}) == (1 if calls else 0)
