@@ -316,11 +316,12 @@ def test_the_launch_choices_of_a_symbolic_length_are_right_at_any_length(name, m
             assert rel_err(g, r) < 1e-4, T
 
 
-@pytest.mark.parametrize("backend", ["aot_eager", "eager"])
-def test_like_layers_share_one_traced_region(backend):
+@pytest.mark.parametrize("backend,dynamic", [("aot_eager", False), ("eager", False), ("aot_eager", True)])
+def test_like_layers_share_one_traced_region(backend, dynamic):
     """Under torch.compile the op is a nested compile region: three like layers call one subgraph, which Inductor
-    compiles once (the forward and its backward) rather than three times. backend="eager" traces the op plainly:
-    torch cannot run the backward of a region there. Both train as eager does."""
+    compiles once (the forward and its backward) rather than three times. backend="eager" traces the op plainly
+    (torch cannot run the backward of a region there), and so does dynamic=True (eps is a symbolic float there,
+    which torch 2.11's region rejects). All train as eager does."""
     graphs = []
 
     def record(gm, example_inputs):
@@ -332,11 +333,23 @@ def test_like_layers_share_one_traced_region(backend):
     torch.manual_seed(0)
     model = nn.Sequential(*[normlib.create("cln", 4, backend="triton") for _ in range(3)]).to(DEVICE)
     x = torch.randn(2, 4, 10, device=DEVICE, requires_grad=True)
-    torch.compile(model, backend=record, fullgraph=True)(x).square().sum().backward()
+    torch.compile(model, backend=record, fullgraph=True, dynamic=dynamic)(x).square().sum().backward()
     got = x.grad
     x.grad = None
     model(x).square().sum().backward()
     assert rel_err(got, x.grad) < 1e-5
     calls = [n for n in graphs[0].graph.nodes if n.target is torch.ops.higher_order.invoke_subgraph]
-    assert len(calls) == (3 if backend == "aot_eager" else 0)
+    assert len(calls) == (3 if backend == "aot_eager" and not dynamic else 0)
     assert len({n.args[1] for n in calls}) == (1 if calls else 0)
+    # a new eps recompiles, Dynamo making it a symbolic float (automatic dynamic): the region takes it as a
+    # constant (torch 2.11's region rejects a symbolic float) and stays
+    for layer in model:
+        layer.eps = 1e-3
+    y = torch.compile(model, backend=record, fullgraph=True, dynamic=dynamic)(x)
+    assert rel_err(y, model(x)) < TOL[torch.float32]
+    calls = [n for n in graphs[-1].graph.nodes if n.target is torch.ops.higher_order.invoke_subgraph]
+    assert len(calls) == (3 if backend == "aot_eager" and not dynamic else 0)
+    # the choice itself, read at trace time (torch 2.13 would inline a region of a symbolic eps by itself)
+    torch._dynamo.reset()
+    region = torch.compile(lambda t: t * (2.0 if tb._in_a_region() else 3.0), backend=backend, dynamic=dynamic)
+    assert region(torch.ones(2)).tolist() == ([2.0, 2.0] if backend == "aot_eager" and not dynamic else [3.0, 3.0])

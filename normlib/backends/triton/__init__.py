@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from ...state import NormState
+from torch.fx.experimental.symbolic_shapes import guard_scalar
 from triton.runtime.jit import JITFunction
 
 from . import kernels, launch
@@ -114,14 +115,24 @@ def _traced_fwd(*args):
 
 @torch.compiler.assume_constant_result
 def _in_a_region() -> bool:
-    """Whether the trace may put the op in its nested region: not under ``backend="eager"``, whose backward of
-    a region fails in torch ("fake_mode should be enabled for HOPs"; a debugging backend, whose compile time
-    does not matter). Read at trace time from Dynamo's internals; where they differ, the region."""
+    """Whether the trace puts the op in its nested region, read at trace time from Dynamo's settings. Not under
+    ``backend="eager"``, whose backward of a region fails in torch ("fake_mode should be enabled for HOPs"), nor
+    under ``dynamic=True``, where eps is a symbolic float, which torch 2.11's region does not take as an operand
+    ("invoke_subgraph operands must be a list of tensors/ints/SymInts"; torch 2.13 inlines such a call itself).
+    Where Dynamo's internals differ (another torch): the region."""
     try:
+        from torch._dynamo import config
         from torch._dynamo.symbolic_convert import InstructionTranslator
-        return getattr(InstructionTranslator.current_tx().output.compiler_fn, "compiler_name", None) != "eager"
-    except Exception:  # noqa: BLE001 (another torch: the region, which only "eager" cannot run backward)
+        backend = getattr(InstructionTranslator.current_tx().output.compiler_fn, "compiler_name", None)
+        return backend != "eager" and config.assume_static_by_default
+    except Exception:  # noqa: BLE001
         return True
+
+
+def _constant(v):
+    """A float as a constant of the trace, guarded (a change recompiles): Dynamo makes a float that changed
+    between compiles symbolic (automatic dynamic), and the region takes no symbolic float."""
+    return v if v is None else guard_scalar(v)
 
 
 class _EagerNorm(torch.autograd.Function):
@@ -224,7 +235,11 @@ def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mod
     args = (x, weight, bias, lengths, sin, per_channel, decay, float(eps), eps_mode == "outside", return_state,
             save, launch.tiles_for(x, per_channel, decay))
     if torch.compiler.is_compiling():
-        y, sout, _ = (_traced_fwd if _in_a_region() else running_norm_fwd)(*args)
+        if _in_a_region():  # eps and decay as constants: one that changed between compiles is a symbolic float
+            args = (*args[:6], _constant(decay), _constant(args[7]), *args[8:])
+            y, sout, _ = _traced_fwd(*args)
+        else:
+            y, sout, _ = running_norm_fwd(*args)
     elif save:
         y, sout, _ = _EagerNorm.apply(*args)
     else:
