@@ -1080,3 +1080,39 @@ def test_cpu_loops_match_the_general_path(name, shape, eps_mode, how, monkeypatc
     for a, r, what in zip(s, s_, ("w", "m", "m2")):
         assert a.dtype == r.dtype == F64
         assert_rel(a, r, 1e-6, what, floor=1e-3)
+
+
+@pytest.mark.parametrize("name", ["cln", "ccemaln"])
+def test_a_stream_keeps_its_numpy_views_only_while_they_are_its_tensors(name):
+    """A streaming hop on the CPU loops reads the state it returned last, and its weight and bias, through numpy
+    views kept from the hop before. Each hop equals a fresh layer's on the same state: along the stream, after
+    the state is written in place, for another state, after an in-place optimizer step on the weight and after
+    the weight's memory is replaced."""
+    torch.manual_seed(0)
+    layer, fresh = normlib.create(name, 6), normlib.create(name, 6)
+    xs = torch.randn(9, 2, 6, 1) + 3
+
+    def hop(x, state):
+        fresh.load_state_dict(layer.state_dict())
+        want = fresh(x, state=normlib.NormState(*(t.clone() for t in state)), return_state=True)
+        got = layer(x, state=state, return_state=True)
+        assert_rel(got[0], want[0], 1e-6, name)
+        for a, b in zip(got[1], want[1]):
+            assert torch.equal(a, b)
+        return got[1]
+
+    with torch.no_grad():
+        _, s = layer(xs[0], return_state=True)
+        other = s
+        for i, x in enumerate(xs[1:]):
+            if i == 2:
+                s.m.add_(5.0)  # the state written in place: the kept view is that memory
+            if i == 3:
+                s = normlib.NormState(s.w.clone(), s.m.clone(), s.m2.clone())  # another state: read again
+            if i == 4:
+                s = other  # an older state of this stream
+            if i == 5:
+                layer.weight.mul_(2.0)  # an optimizer's step
+            if i == 6:
+                layer.weight.data = torch.full((6,), 0.5)  # the weight's memory replaced
+            s = hop(x, s)
