@@ -1083,16 +1083,17 @@ def test_cpu_loops_match_the_general_path(name, shape, eps_mode, how, monkeypatc
 
 
 @pytest.mark.parametrize("name", ["cln", "ccemaln"])
-def test_a_stream_keeps_its_numpy_views_only_while_they_are_its_tensors(name):
-    """A streaming hop on the CPU loops reads the state it returned last, and its weight and bias, through numpy
-    views kept from the hop before. Each hop equals a fresh layer's on the same state: along the stream, after
-    the state is written in place, for another state, after an in-place optimizer step on the weight and after
-    the weight's memory is replaced."""
+def test_a_streams_hops_read_the_state_as_it_is_now(name):
+    """A streaming hop on the CPU loops (one prepared call for like layers, numpy views of the state's fields)
+    equals a fresh layer's on a copy of the same state: along two streams of like layers hop by hop, after
+    the state is written in place, transposed in place, or its memory replaced, for another state and an older
+    one, after an in-place step on the weight. (A cache of the views between hops must keep all of these.)"""
     torch.manual_seed(0)
-    layer, fresh = normlib.create(name, 6), normlib.create(name, 6)
-    xs = torch.randn(9, 2, 6, 1) + 3
+    layers = [normlib.create(name, 6) for _ in range(2)]
+    fresh = normlib.create(name, 6)
+    xs = torch.randn(10, 6, 6, 1) + 3  # B = C: a per-channel state's fields are square
 
-    def hop(x, state):
+    def hop(layer, x, state):
         fresh.load_state_dict(layer.state_dict())
         want = fresh(x, state=normlib.NormState(*(t.clone() for t in state)), return_state=True)
         got = layer(x, state=state, return_state=True)
@@ -1102,17 +1103,20 @@ def test_a_stream_keeps_its_numpy_views_only_while_they_are_its_tensors(name):
         return got[1]
 
     with torch.no_grad():
-        _, s = layer(xs[0], return_state=True)
-        other = s
+        states = [layer(xs[0], return_state=True)[1] for layer in layers]
+        older = states[0]
         for i, x in enumerate(xs[1:]):
+            s = states[0]
             if i == 2:
-                s.m.add_(5.0)  # the state written in place: the kept view is that memory
+                s.m.add_(5.0)  # written in place
             if i == 3:
-                s = normlib.NormState(s.w.clone(), s.m.clone(), s.m2.clone())  # another state: read again
+                s.m.t_()  # transposed in place (per channel: the same shape, another layout)
             if i == 4:
-                s = other  # an older state of this stream
+                s.m.data = s.m.data + 1.0  # the memory replaced, no version bump
             if i == 5:
-                layer.weight.mul_(2.0)  # an optimizer's step
+                s = normlib.NormState(s.w.clone(), s.m.clone(), s.m2.clone())  # another state
             if i == 6:
-                layer.weight.data = torch.full((6,), 0.5)  # the weight's memory replaced
-            s = hop(x, s)
+                s = older  # an older state of this stream
+            if i == 7:
+                layers[0].weight.mul_(2.0)  # an optimizer's step
+            states = [hop(layers[0], x, s), hop(layers[1], x.flip(0), states[1])]

@@ -464,7 +464,9 @@ def forward_channels(x, w, b, d, eps, inside, y, w0, m0, q0, final, ck):
     values (else empty): each tile's incoming mean (relative to the shift) and M2, rows 2k and 2k + 1 of tile k
     (_blocked). In blocks of CHANNELS channels."""
     B, T, C = x.shape
-    cb = max(C, 1) if T <= TILE else _block(x)  # a hop of one tile: one block (each block's setup costs ~0.7 µs)
+    # a hop of one tile without checkpoints: one block (a block's setup costs ~0.7 µs; the backward reads ck in
+    # _block's blocks)
+    cb = max(C, 1) if T <= TILE and ck.size == 0 else _block(x)
     for c0 in range(0, C, cb):
         c1 = min(c0 + cb, C)
         _forward_block(x, w[c0:c1] if w.size else w, b[c0:c1] if b.size else b, d, eps, inside, y,

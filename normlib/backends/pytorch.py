@@ -556,18 +556,15 @@ def _orientation(x) -> int:
     return 1 if _rows_of_channels(x) else 0 if x.is_contiguous() else -1
 
 
-def _cpu_forward(x, weight, bias, decay, eps, eps_mode, state=None, per_channel=False, keep=False, orient=None,
-                 arrays=None):
+def _cpu_forward(x, weight, bias, decay, eps, eps_mode, state=None, per_channel=False, keep=False, orient=None):
     """y and the state after the last frame, float64 arrays (3, B) or (3, B, C) per channel; with ``keep``, what
     the backward reads: pooled, the running mean and variance of every frame; per channel, each tile's incoming
     moments (cpu.forward_channels' ck). Numpy's arrays throughout: a torch op costs more than these calls' work
-    at a streaming hop's sizes. ``orient``: x's _orientation, where a prepared call knows it. ``arrays``: the
-    weight's, the bias's and the state's fields' numpy views, where a streaming call has them (_StreamArrays)."""
+    at a streaming hop's sizes. ``orient``: x's _orientation, where a prepared call knows it."""
     B, C, T = x.shape
     xa = x.numpy(force=True)  # a view of x (detached)
     shape = (B, C) if per_channel else (B,)
-    wa, ba, sa = (_array(weight), _array(bias), None) if arrays is None else arrays
-    w0, m0, q0 = (np.zeros(shape),) * 3 if state is None else sa if sa is not None else \
+    w0, m0, q0 = (np.zeros(shape),) * 3 if state is None else \
         (state.w.numpy(force=True), state.m.numpy(force=True), state.m2.numpy(force=True))
     if not w0.shape == m0.shape == q0.shape == shape:  # the loops read without bounds checks: never past an array
         raise ValueError(f"the state's fields must have shape {shape}, got {w0.shape}, {m0.shape}, {q0.shape}")
@@ -577,7 +574,7 @@ def _cpu_forward(x, weight, bias, decay, eps, eps_mode, state=None, per_channel=
         inside = eps_mode == "inside"
         # with keep, the moments entering each tile of frames: the backward recomputes the tile's from them
         ck = np.empty(B * cpu._rows(T) * C) if keep else _NO_STATS  # a stream's hop: none, and no allocation
-        cpu.forward_channels(xa.transpose(0, 2, 1), wa, ba, float(decay), float(eps), inside,
+        cpu.forward_channels(xa.transpose(0, 2, 1), _array(weight), _array(bias), float(decay), float(eps), inside,
                              y.transpose(0, 2, 1), w0, m0, q0, final, ck)
         return torch.from_numpy(y), final, ck if keep else None, None
     orient = _orientation(x) if orient is None else orient
@@ -585,44 +582,10 @@ def _cpu_forward(x, weight, bias, decay, eps, eps_mode, state=None, per_channel=
     xa = xa.transpose(0, 2, 1) if tc else xa if orient == 0 else np.ascontiguousarray(xa)
     y = np.empty(xa.shape, xa.dtype)
     mus, var = (np.empty((B, T)), np.empty((B, T))) if keep else (_NONE2, _NONE2)
-    cpu.forward(xa, wa, ba, float(decay), float(eps), eps_mode == "inside", tc, y, mus, var,
+    cpu.forward(xa, _array(weight), _array(bias), float(decay), float(eps), eps_mode == "inside", tc, y, mus, var,
                 w0, m0, q0, final)
     y = torch.from_numpy(y)
     return (y.transpose(1, 2) if tc else y), final, mus, var
-
-
-class _StreamArrays:
-    """A streaming call's numpy views, kept between hops: its weight's and bias's, and the state it returned
-    last with the array it is a view of, which the next hop brings back as a rule. Each numpy view of a tensor
-    costs about a microsecond, six a hop. A view follows its tensor's in-place writes (one memory); a tensor whose
-    memory moved (``.data =``, ``set_``) or another state is read again. One tuple a slot, replaced whole: two
-    threads streaming through one layer never pair a state with another's array."""
-
-    def __init__(self):
-        self.affine = self.last = None
-
-    def of(self, weight, bias, state):
-        a = self.affine
-        if a is None or a[0] is not weight or a[1] is not bias or a[2] != _ptr(weight) or a[3] != _ptr(bias):
-            a = self.affine = (weight, bias, _ptr(weight), _ptr(bias), _array(weight), _array(bias))
-        last, sa = self.last, None
-        if last is not None and state is not None:
-            s, out, ptrs = last
-            if state.w is s.w and state.m is s.m and state.m2 is s.m2 and ptrs == _ptrs(state):
-                sa = out[0], out[1], out[2]
-        return a[4], a[5], sa
-
-    def keep(self, state, out):
-        self.last = (state, out, _ptrs(state))
-        return state
-
-
-def _ptr(t):
-    return 0 if t is None else t.data_ptr()
-
-
-def _ptrs(state):
-    return state.w.data_ptr(), state.m.data_ptr(), state.m2.data_ptr()
 
 
 _NONE2 = np.empty((0, 0))  # statistics not kept
@@ -946,14 +909,11 @@ def prepare_stream(x, *, per_channel, decay, eps, eps_mode):
     if T and _on_cpu_loops(x, None, None):  # any hop: backends/cpu.py (x's dtype, device and strides are the
         orient = _orientation(x)             # signature's)
 
-        views = _StreamArrays()
-
         def looped(x, weight, bias, state):
             if _grad(x, weight, bias, state) or not (_cpu_affine(weight) and _cpu_affine(bias)):
                 return call(x, weight, bias, state)
-            y, out, *_ = _cpu_forward(x, weight, bias, decay, eps, eps_mode, state, per_channel, orient=orient,
-                                      arrays=views.of(weight, bias, state))
-            return y, views.keep(_state_of(out), out)
+            y, out, *_ = _cpu_forward(x, weight, bias, decay, eps, eps_mode, state, per_channel, orient=orient)
+            return y, _state_of(out)
         return looped
     if B == 1 and 1 <= T <= FEW_FRAMES and not per_channel:
         def few(x, weight, bias, state):
