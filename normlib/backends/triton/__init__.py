@@ -238,6 +238,10 @@ def forward(x, weight, bias, lengths, state, *, per_channel, decay, eps, eps_mod
         if _in_a_region():  # eps and decay as constants: one that changed between compiles is a symbolic float
             args = (*args[:6], _constant(decay), _constant(args[7]), *args[8:])
             y, sout, _ = _traced_fwd(*args)
+            if return_state and not (x.requires_grad or sin is not None and sin.requires_grad):
+                # a region's outputs all take its autograd (torch 2.11 ignores the op's mark_non_differentiable):
+                # the state out depends on x and the state in only, so here it is a constant, as in eager
+                sout = sout.detach()
         else:
             y, sout, _ = running_norm_fwd(*args)
     elif save:
