@@ -3,7 +3,7 @@ grid of launch choices, beside a copy of the same bytes, to pick the launcher's 
 
     PYTHONPATH=. python benchmarks/tools/sweep.py --norm cln --dtype fp32 --layout "b c t" [--strip 0,1,2] [--span 4] \
         --shape 16,512,16000 --block-t 8,16,32 --warps 4,8 --window 8,32 [--block-c 16,64] [--bwd] \
-        [--bwd-block-c 64,128] [--bwd-warps 4,8]
+        [--bwd-block-c 64,128] [--bwd-warps 4,8] [--stages 1,2] [--bwd-stages 1,2]
 
 --bwd-block-c and --bwd-warps set the backward's own choices (a pooled backward may chunk channels
 differently from its forward); without them the backward takes the forward's.
@@ -56,16 +56,18 @@ def main():
     p.add_argument("--bwd", action="store_true")
     p.add_argument("--bwd-block-c")
     p.add_argument("--bwd-warps")
+    p.add_argument("--stages", help="a pooled tile's pipeline depth over its chunks of channels (1: none)")
+    p.add_argument("--bwd-stages", help="the backward's own depth")
     a = p.parse_args()
     x, spec = case(a)
     gy = torch.randn_like(x)
     t_copy = do_bench(lambda: x.clone(), warmup=5, rep=40, return_mode="median")
     print(f"{a.norm} {a.dtype} {a.layout!r} {a.shape}: copy {t_copy * 1e3:.1f} µs", flush=True)
-    for bt, bc, warps, window, strip, span, bbc, bw in itertools.product(
+    for bt, bc, warps, window, strip, span, bbc, bw, st, bst in itertools.product(
             ints(a.block_t), ints(a.block_c), ints(a.warps), ints(a.window), ints(a.strip), ints(a.span),
-            ints(a.bwd_block_c), ints(a.bwd_warps)):
+            ints(a.bwd_block_c), ints(a.bwd_warps), ints(a.stages), ints(a.bwd_stages)):
         with launch.tile_size(block_t=bt, block_c=bc, warps=warps, window=window, strip=strip, span=span,
-                              bwd_block_c=bbc, bwd_warps=bw):
+                              bwd_block_c=bbc, bwd_warps=bw, stages=st, bwd_stages=bst):
             tiles = launch.tiles_for(x if a.layout == "b c t" else x.transpose(1, 2), spec.per_channel,
                                     spec.resolve_decay(None))
             try:
@@ -73,7 +75,7 @@ def main():
                     t = do_bench(lambda: norm(spec, x, layout=a.layout, backend="triton"), warmup=5, rep=40,
                                  return_mode="median")
                 line = (f"  tiles {tiles[:5]} strip {tiles[7]} bwd {launch.backward_tiles(tiles)[:3]} "
-                        f"strip {tiles[12]}: "
+                        f"strip {tiles[12]} stages {st or '-'}/{bst or '-'}: "
                         f"fwd {t * 1e3:8.1f} µs  {t_copy / t:.2f} of copy")
                 if a.bwd:
                     xg = x.detach().requires_grad_()
