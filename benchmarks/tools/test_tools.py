@@ -1,4 +1,6 @@
 """The GPU-free parts of the benchmark tools, so that a launcher change cannot break them unseen."""
+import json
+
 import pytest
 
 import compile_check
@@ -149,3 +151,21 @@ def test_gpu_report_targets_in_device_time():
     assert lines["forward ≥ 1.5 × faster than torch.compile: large"][:2] == ["1 / 1", "2.00"]
     assert lines["step ≥ 2 × faster than torch.compile: large"][:2] == ["0 / 1", "1.60"]
     assert "forward ≥ 0.75 of a copy: ccln" not in lines and "forward ≥ 0.85 of a copy: pooled, bf16 'b c t'" not in lines
+
+
+def test_stream_table_times_each_causal_norm_beside_groupnorm(tmp_path, monkeypatch):
+    """stream_table.py's rows and table, untimed: one cell of each causal norm streams through its layer, and
+    the merged table keeps the best of the runs, over GroupNorm's time of the same run."""
+    import stream_table
+    monkeypatch.setattr(stream_table, "CHANNELS", (8,))
+    monkeypatch.setattr(stream_table, "FRAMES", (3,))
+    monkeypatch.setattr(stream_table, "best_us", lambda fn: (fn(), 2.0)[1])
+    rows = list(stream_table.rows())
+    assert [r["norm"] for r in rows] == ["GroupNorm", *stream_table.NORMS]
+    runs = []
+    for k, scale in enumerate((1.0, 0.5)):
+        runs.append(tmp_path / f"run{k}.jsonl")
+        runs[-1].write_text("".join(json.dumps(dict(r, us=r["us"] * (scale if r["norm"] == "cln" else 1.0))) + "\n"
+                                    for r in rows))
+    line = stream_table.table([str(p) for p in runs]).splitlines()[2]
+    assert line.startswith("| 8, 3 | 2.0 | 1.0 (0.5 ×) | 2.0 (1.0 ×)")
