@@ -17,6 +17,22 @@ def _meta(t):
     return None if t is None else (type(t), t.shape, t.dtype, t.device)
 
 
+def _key(spec, x, weight, bias, eps, eps_mode, decay, layout, backend, num_channels, stream=None):
+    """A prepared call's key in _CALLS: everything check_inputs reads of these arguments (types included: True
+    == 1 as a key, not as an eps); ``stream``: the state's class and its fields' meta."""
+    return (spec, x.shape, x.stride(), x.dtype, x.device, _meta(weight), _meta(bias), eps, type(eps), eps_mode,
+            decay, type(decay), layout, backend, num_channels, stream)
+
+
+def prepared(spec: NormSpec, x, weight, bias, eps, *, eps_mode, decay, layout, backend, num_channels):
+    """The prepared call that ``norm`` made for these arguments (no lengths, no state), or None (none yet, or an
+    input that takes the checked path): a layer keeps it under a shorter key (modules.py)."""
+    try:
+        return _CALLS.get(_key(spec, x, weight, bias, eps, eps_mode, decay, layout, backend, num_channels))
+    except (TypeError, AttributeError, RuntimeError):
+        return None
+
+
 def norm(spec: NormSpec, x: torch.Tensor, weight=None, bias=None, eps: float = 1e-8, *, eps_mode="inside",
          decay=None, layout="b c t", lengths=None, state=None, return_state=False, backend="auto",
          num_channels=None, group=None):
@@ -45,10 +61,8 @@ def norm(spec: NormSpec, x: torch.Tensor, weight=None, bias=None, eps: float = 1
             and not torch.compiler.is_compiling():
         try:
             seen = vouched_meta(state) if stream else None
-            smeta = (seen or tuple(map(_meta, state))) if stream else None
-            key = (spec, x.shape, x.stride(), x.dtype, x.device, _meta(weight), _meta(bias), eps, type(eps),
-                   eps_mode, decay, type(decay), layout, backend, num_channels,
-                   (type(state), smeta) if stream else None)
+            key = _key(spec, x, weight, bias, eps, eps_mode, decay, layout, backend, num_channels,
+                       (type(state), seen or tuple(map(_meta, state))) if stream else None)
             call = _CALLS.get(key)
         except (TypeError, AttributeError, RuntimeError):  # unhashable, not a tensor, no strides: the checks say
             key = call = None

@@ -6,8 +6,9 @@ import functools
 import torch
 from torch import nn
 
+from . import functional
 from .checks import check_flag, check_num_channels, check_options, state_tag
-from .functional import norm
+from .functional import _meta, norm
 from .names import lookup
 from .spec import FAMILY, NormSpec, TimeMode
 from .state import state_type
@@ -29,6 +30,24 @@ class NotCopied:
 
 def _nothing():
     return None
+
+
+class _Calls(dict):
+    """A layer's prepared calls, by its inputs' signature: each one ``functional.norm``'s for that input, valid
+    while norm's own are (``of``: tests replace that dict to prepare again). A copy of the layer starts
+    without them."""
+
+    __slots__ = ("of",)
+
+    def __init__(self, of):
+        super().__init__()
+        self.of = of
+
+    def __deepcopy__(self, memo):
+        return None
+
+    def __reduce__(self):
+        return _nothing, ()
 
 
 class NormLayer(nn.Module):
@@ -65,6 +84,7 @@ class NormLayer(nn.Module):
     spec: NormSpec
     _stream = None  # inside normlib.stream(model): this layer's slot there (stream.py), which keeps its state
     _parallel = None  # inside normlib.sequence_parallel(model): that context (parallel.py), which holds the group
+    _calls = None  # a model's prepared calls (forward), from the second call of a plain layer on
 
     def __init__(self, num_channels: int, eps: float = 1e-8, elementwise_affine: bool = True,
                  bias: bool = True, *, eps_mode: str = "inside", decay: float | None = None,
@@ -105,10 +125,38 @@ class NormLayer(nn.Module):
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
+    def __setattr__(self, name, value):
+        super().__setattr__(name, value)
+        self.__dict__["_calls"] = None  # a setting may have changed: the next call goes through norm's checks
+
+    def __delattr__(self, name):
+        super().__delattr__(name)
+        self.__dict__["_calls"] = None  # a parameter taken out (torch.nn.utils.parametrize), a context left
+
     def forward(self, x, lengths=None, state=None, return_state=False):
-        slot = self._stream
-        if slot is not None and state is None and return_state is False:  # a stream's call: its state there
-            return slot(self._norm, x, lengths)
+        if state is None and return_state is False:
+            slot = self._stream
+            if slot is not None:  # a stream's call: its state there
+                return slot(self._norm, x, lengths)
+            if lengths is None and type(x) is torch.Tensor and not torch.compiler.is_compiling():
+                # A model's call: norm's prepared call for this input's signature, kept by the layer under a key of
+                # what can change between its calls (norm's key holds the settings too, which __setattr__ watches)
+                calls, p = self._calls, self._parameters
+                if calls is not None and calls.of is functional._CALLS and "weight" in p and "bias" in p:
+                    weight, bias = p["weight"], p["bias"]
+                    key = (x.shape, x.stride(), x.dtype, x.device, _meta(weight), _meta(bias))
+                    call = calls.get(key)
+                    if call is not None:
+                        return call(x, weight, bias)
+                    y = self._norm(x, None, None, False)
+                    call = functional.prepared(self.spec, x, weight, bias, self.eps, eps_mode=self.eps_mode,
+                                               decay=self.decay, layout=self.layout, backend=self.backend,
+                                               num_channels=self.num_channels)
+                    if call is not None and len(calls) < 64:
+                        calls[key] = call
+                    return y
+                if "weight" in p and "bias" in p and self._parallel is None:  # not parametrized, no group
+                    self.__dict__["_calls"] = _Calls(functional._CALLS)
         return self._norm(x, lengths, state, return_state)
 
     def _norm(self, x, lengths, state, return_state):

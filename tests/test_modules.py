@@ -290,3 +290,84 @@ def test_float32_layer_on_half_input(name, dtype):
     assert_rel(y, ref(name, x, layer.weight, layer.bias), TOL[dtype], name)
     y.float().sum().backward()
     assert x.grad.dtype == dtype and layer.weight.grad.dtype == F32
+
+
+def _counting_norm(monkeypatch):
+    """A list that grows by one at each call of normlib.functional.norm (from a layer: modules.py's own name)."""
+    from normlib import modules
+    seen, real = [], modules.norm
+
+    def counted(*args, **kwargs):
+        seen.append(1)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(modules, "norm", counted)
+    return seen
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("name", ["cln", "ccln", "gln"])
+def test_a_layer_keeps_its_prepared_call_and_gives_norms_result(name, layout, monkeypatch):
+    """From its second call with an input's signature a layer runs the prepared call that norm made for it, without
+    norm's checks and key; y (and every gradient) is norm's."""
+    seen = _counting_norm(monkeypatch)
+    layer = _layer(name, 6, layout=layout)
+    with torch.no_grad():
+        layer.weight.normal_()
+        layer.bias.normal_()
+    x = make_x(2, 6, 11)
+    x = x if layout == "b c t" else x.transpose(1, 2).contiguous()
+    ys = [layer(x) for _ in range(3)]
+    assert len(seen) == 2  # the first call prepares; the second finds the call norm made and keeps it
+    want = normlib.functional.norm(layer.spec, x, layer.weight, layer.bias, layer.eps, layout=layout,
+                                   backend="torch")
+    assert all(torch.equal(y, want) for y in ys)
+    xg = x.clone().requires_grad_()
+    layer(xg).square().sum().backward()
+    assert len(seen) == 2 and xg.grad is not None and layer.weight.grad.abs().sum() > 0
+
+
+def test_a_layer_takes_a_changed_setting_and_new_parameters_at_its_next_call(monkeypatch):
+    """A layer's kept calls cover what can change between calls (the input's signature, the parameters' dtype,
+    shape and device); a setting changed on the layer sends the next call through norm again."""
+    seen = _counting_norm(monkeypatch)
+    layer = _layer("cln", 6)
+    x = make_x(2, 6, 11) * 1e-3  # var ~ 1e-6: eps 1e-2 changes y
+    for _ in range(2):
+        layer(x)
+    n = len(seen)
+    layer.eps = 1e-2
+    assert torch.equal(layer(x), run("cln", x, layer.weight, layer.bias, eps=1e-2))
+    assert len(seen) == n + 1
+    layer.double()  # the parameters' dtype, not through setattr (.data swapped)
+    y = layer(x.double())
+    assert y.dtype == F64 and torch.equal(y, run("cln", x.double(), layer.weight, layer.bias, eps=1e-2))
+    with torch.no_grad():
+        layer.weight.data = torch.ones(5, dtype=F64)  # a wrong shape: norm's checks, not a stale call
+    with pytest.raises(ValueError, match="weight"):
+        layer(x.double())
+
+
+def test_a_copied_or_pickled_layer_starts_without_its_calls():
+    layer = _layer("ccln", 6)
+    x = make_x(2, 6, 11)
+    for _ in range(2):
+        layer(x)
+    assert layer._calls
+    for other in (copy.deepcopy(layer), pickle.loads(pickle.dumps(layer))):
+        assert not other._calls
+        assert torch.equal(other(x), layer(x)) and torch.equal(other(x), layer(x))
+
+
+def test_a_layer_parametrized_after_its_calls_reads_its_parametrization():
+    from torch.nn.utils import parametrize
+
+    class Scaled(nn.Module):
+        def forward(self, w):
+            return 3 * w
+
+    layer = _layer("cln", 6)
+    x = make_x(2, 6, 11)
+    for _ in range(2):
+        layer(x)
+    parametrize.register_parametrization(layer, "weight", Scaled())
+    assert torch.equal(layer(x), run("cln", x, torch.full((6,), 3.0), torch.zeros(6)))
