@@ -466,6 +466,7 @@ def _backward_block(x, gy, w, d, eps, inside, dx, dw, db, ck, c0, c1):
             for j in range(n - 1, -1, -1):
                 t = t0 + j
                 invW, live = 1.0 / Ws[t], Ws[t] > 1.0
+                own = 1.0 - invW  # g dy r's part in dx beside its mean term's (0 where W = 1)
                 uj, gj, oj, dj, rj, vj = u[j], gt[j], out[j], dvs[j], rs[j], vs[j]
                 for c in range(C):  # _frame_terms with A = g dy and S = g dy x^, written out once a frame
                     gg = g[c] * gj[c]
@@ -480,8 +481,12 @@ def _backward_block(x, gy, w, d, eps, inside, dx, dw, db, ck, c0, c1):
                     sw[c] += gj[c] * xh
                     sb[c] += gj[c]
                     V[c] = V[c] * d + G2 * invW
-                    U[c] = U[c] * d + (-rt * gg - G2 * (uj[c] - dv)) * invW
-                    oj[c] = gg * rt + U[c] + uj[c] * V[c]
+                    # the frame's own mean term, -g dy r / W, taken from g dy r before the sum: where the frame
+                    # holds all the weight (frame 0 without a state: W = 1) the two cancel exactly, not to the
+                    # rounding of g dy r, which outweighed the rest of dx by 1e32 where x was 1e16
+                    Up, ggr = U[c] * d - G2 * (uj[c] - dv) * invW, gg * rt
+                    U[c] = Up - ggr * invW
+                    oj[c] = ggr * own + Up + uj[c] * V[c]
             _store_tile(out, dx, bi, t0, n, c0)
     for c in range(C):
         dw[c] += sw[c]
