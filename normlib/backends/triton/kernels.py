@@ -465,14 +465,14 @@ def _gamma(w_ptr, c0, offs_c, C, HAS_W: tl.constexpr):
 
 
 @triton.jit
-def _write_gx(pgx, sdc, xk, msk, gy, mean, r, rg, U, V, c0, offs_c, C, in_t, w_ptr, gwp_ptr, gbp_ptr, pgw,
+def _write_gx(pgx, sdc, xk, msk, gy, mean, r, U, V, c0, offs_c, C, in_t, w_ptr, gwp_ptr, gbp_ptr, pgw,
               HAS_W: tl.constexpr, STORE_GW: tl.constexpr, PAD: tl.constexpr):
     """dL/dx of channels c0 + offs_c (0 at padding: PAD, as in _write_y) and their per-tile dweight, dbias
-    partials. ``rg``: r where dx takes g r apart from U (0 where U leaves out the frame's own mean term)."""
+    partials."""
     g = gy * _gamma(w_ptr, c0, offs_c, C, HAS_W)[:, None]
     # the backward's reads and writes go unhinted: with the forward's hints, emaln's (2, 256, 64000) "b t c"
     # backward fell from 0.42 to 0.24 of a copy on the H200 (and cln's (16, 512, 16000) rose from 0.58 to 0.63)
-    gx = g * rg + U + xk * V
+    gx = g * r + U + xk * V
     if PAD:  # a padding frame's r may be inf (eps = 0)
         gx = tl.where(msk, gx, 0.0)
     _store(pgx, sdc, gx, c0, offs_c, C, in_t, 0)
@@ -1420,24 +1420,15 @@ def running_norm_bwd(
             pgx = gx_ptr + b64 * sdb + offs_t[None, :] * sdt
             pgw = (b64 * NT + it) * C + offs_c
             in_t = offs_t < T
-            rg = r
-            if not POOL_ALL and (MODE == 1 or MODE == 2) and not HAS_SIN:
-                if it == 0:  # frame 0 holds all its weight (W = 1): its own term of U, -g r, cancels g r exactly;
-                    # added apart they cancelled to g r's rounding (values of 1e16: frame 0's dx was noise), so
-                    # there dx takes U without it: d U_1 - R_0 mean_0, and no g r
-                    lane0 = (tl.arange(0, BLOCK_T) == 0)[None, :]
-                    u1 = tl.sum(tl.where((tl.arange(0, BLOCK_T) == 1)[None, :], U, 0.0), axis=1)
-                    U = tl.where(lane0, d1 * u1[:, None] - R * mean, U)
-                    rg = tl.where(lane0, 0.0, r)
             if not LEAN:
-                _write_gx(pgx, sdc, xk, msk, gy, mean, r, rg, U, V, 0, offs_c, C, in_t, w_ptr, gwp_ptr, gbp_ptr, pgw,
-                          HAS_W, STORE_GW, HAS_LEN)
+                _write_gx(pgx, sdc, xk, msk, gy, mean, r, U, V, 0, offs_c, C, in_t, w_ptr, gwp_ptr, gbp_ptr, pgw, HAS_W,
+                          STORE_GW, HAS_LEN)
             for k in tl.range(0 if LEAN else 1, tl.cdiv(CL, BLOCK_C), num_stages=STAGES):
                 c0 = _reread(k, CL, LEAN, BLOCK_C)
                 xc, mc = _load(px, sxc, c0, offs_c, C, m_t, Kt)
                 gc, _m = _load_raw(pg, sgc, c0, offs_c, C, m_t)
-                _write_gx(pgx, sdc, xc, mc, gc, mean, r, rg, U, V, c0, offs_c, C, in_t, w_ptr, gwp_ptr, gbp_ptr,
-                          pgw, HAS_W, STORE_GW, HAS_LEN)
+                _write_gx(pgx, sdc, xc, mc, gc, mean, r, U, V, c0, offs_c, C, in_t, w_ptr, gwp_ptr, gbp_ptr, pgw,
+                          HAS_W, STORE_GW, HAS_LEN)
 
             if HAS_SIN and (MODE == 1 or MODE == 2):  # the incoming state is frame -1 of weight d^(t+1)
                 if it == 0:
