@@ -170,7 +170,11 @@ def main(argv=None):
         for v in variants:
             cmd = ([sys.executable, os.path.abspath(__file__), "--worker", v, *a.cases] + (["--dry"] if a.dry else [])
                    + (["--graphs"] if a.graphs else []))
-            out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
+            done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            if done.returncode:  # the worker's own error, not only its exit status
+                sys.stderr.write(done.stderr)
+                raise SystemExit(f"ab.py: the worker of {v} exited {done.returncode}")
+            out = done.stdout
             runs[v].append({r["case"]: r for r in map(json.loads, out.splitlines()) if r})
             for r in runs[v][-1].values():  # as it goes, so that a run cut short still says something
                 print(f"  {v}: {r['case']}: fwd {r['copy'] / r['fwd']:.2f} bwd {1.5 * r['copy'] / r['bwd']:.2f}",

@@ -64,6 +64,21 @@ def test_ab_runs_each_variant_in_its_own_process_and_compares_bits():
     assert streaming.startswith("ccemaln:2,5,9:fp32:btc:state: tree:") and "other bits" not in tree + s
 
 
+def test_ab_shows_a_failed_workers_error():
+    """A variant whose worker fails (here a kernels file that is not there) stops the run with the worker's own
+    error on stderr, not only an exit status."""
+    import os
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    done = subprocess.run([sys.executable, os.path.join(here, "ab.py"), "--dry", "--procs", "1", "--kernels",
+                           "/nonexistent/k_gone.py", "cln:1,2,3:fp32:bct"],
+                          env=dict(os.environ, TRITON_INTERPRET="1"), capture_output=True, text=True)
+    assert done.returncode != 0
+    assert "k_gone.py" in done.stderr and "FileNotFoundError" in done.stderr and "exited" in done.stderr
+
+
 def test_ab_cases_end_in_a_layout_or_state():
     import ab
 
