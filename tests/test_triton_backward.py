@@ -529,6 +529,27 @@ def test_a_statistic_of_one_value_keeps_float32_gradients(name, C, backend, eps_
     assert_rel(got["x"], want["x"], TOL[F32], f"{name} {backend} dx")
 
 
+@pytest.mark.parametrize("layout", ["bct", "btc"])
+@pytest.mark.parametrize("name", ["ccln", "ccemaln"])
+def test_frame_0_of_a_per_channel_norm_keeps_its_gradient_at_any_scale(name, layout):
+    """Per channel, frame 0 holds all its weight (W = 1), so its own term of U, -g r, cancels g r exactly: the
+    kernel leaves both out there. Added apart they cancelled only to g r's rounding, and at values of 1e16 (eps
+    0: the norm is scale-free) frame 0's dx, 1e-32 of g r, was noise (scale x dx 0.11 from the reference's).
+    Several tiles; against the reference of x / scale."""
+    B, C, T, scale = 2, 4, 20, 1e16
+    x = make_x(B, C, T, "b c t", torch.float64, offset=0.0)
+    gy = torch.randn(B, C, T, dtype=torch.float64)
+    perm = (lambda t: t) if layout == "bct" else (lambda t: t.transpose(1, 2).contiguous())
+    xs = dev(perm((x * scale).float())).requires_grad_()
+    with tile_size(block_t=4, window=2, block_c=4):
+        y = getattr(normlib.functional, name)(xs, None, None, 0.0, backend="triton", layout=LAYOUTS[layout])
+        gx, = torch.autograd.grad(y, xs, dev(perm(gy.float())))
+    gx = gx.cpu().double() if layout == "bct" else gx.cpu().double().transpose(1, 2)
+    xr = ((x * scale).float().double() / scale).requires_grad_()
+    gr, = torch.autograd.grad(normlib.reference.REFERENCES[name](xr, eps=0.0), xr, gy)
+    assert_rel(gx * scale, gr, TOL[F32], f"{name} dx x scale")
+
+
 @pytest.mark.parametrize("backend", ["triton", "torch"])
 @pytest.mark.parametrize("name, C", [("ccln", 4), ("ccemaln", 4), ("cln", 1), ("emaln", 1), ("cln", 5)])
 def test_an_empty_incoming_state_is_no_state(name, C, backend):
