@@ -1075,9 +1075,9 @@ def test_each_stream_has_its_own_look_back_workspace(monkeypatch, deterministic)
 
 
 @pytest.mark.parametrize("name, tiles", [("ccln", dict(block_t=4, block_c=2, strip=2, span=3, window=2)),
-                                         ("gln", dict(block_t=4, strip=False, span=2))])
+                                         ("gln", dict(block_t=4, strip=False, span=2, global_launches=2))])
 def test_span_records_are_kept_per_stream_and_written_before_read(name, tiles):
-    """SEG and GLOBAL launches keep their span records per stream, as the look-back keeps its records: no
+    """SEG and GLOBAL's two launches keep their span records per stream, as the look-back keeps its records: no
     allocation a call. Every record a call reads is one it wrote: poisoned_buffers fills them with NaN before
     each call, so a read of an earlier call's record (right values, from the same shape) fails here."""
     x = make_x(2, 5, 37, offset=2.0)
@@ -1113,6 +1113,36 @@ def test_garbage_in_the_workspace_is_ignored(name):
         y = tri(name, dev(x))
     check_output(y, dev(x), ref(name, x), F32, "y")
     assert int(ctr) & 0xFFFFFFFF == 0, "every launch must consume its tickets and reset the ticket count"
+
+
+@pytest.mark.parametrize("layout", ["b c t", "b t c"])
+@pytest.mark.parametrize("name", ["gln", "instln"])
+def test_global_in_one_launch_reads_only_its_own_spans(name, layout):
+    """GLOBAL's one launch: its first programs publish a summary per span into the look-back's records, tagged,
+    and the tiles wait for their sequence's (both passes). Records of random garbage left there are not read as
+    this launch's, every launch resets the ticket count, and y and dx are the reference's and those of the two
+    launches. (The interpreter runs programs in ticket order, so no tile waits here; the GPU runs the race.)"""
+    x = make_x(2, 6, 45, layout, offset=3.0)
+    gy = torch.randn_like(x)
+    outs = {}
+    for launches in (2, 1):
+        with tile_size(block_t=4, block_c=4, span=3, strip=False, global_launches=launches):
+            if launches == 1:
+                tri(name, dev(x), layout=layout)  # grow the workspace to this launch's size
+                ws, ctr = _lookback_buffers()
+                ws.random_(0, 1 << 62)
+            xg = dev(x).clone().requires_grad_()
+            y = tri(name, xg, layout=layout)
+            (gx,) = torch.autograd.grad(y, xg, dev(gy))
+        outs[launches] = y, gx
+    assert int(ctr) & 0xFFFFFFFF == 0, "every launch must consume its tickets and reset the ticket count"
+    xr = x.double().requires_grad_()
+    y_ref = ref(name, xr, layout=layout)
+    (gx_ref,) = torch.autograd.grad(y_ref, xr, gy.double())
+    check_output(outs[1][0], dev(x), y_ref.detach(), F32, "y")
+    assert_rel(outs[1][1], gx_ref, 1e-5, "dx")
+    assert torch.allclose(outs[1][0], outs[2][0], rtol=0, atol=1e-6)
+    assert torch.allclose(outs[1][1], outs[2][1], rtol=0, atol=1e-6)
 
 
 def test_stale_records_of_an_earlier_launch_are_not_read():

@@ -72,7 +72,7 @@ def configs(flag_sets=("plain", "full"), shapes=SHAPES):
                           for c, s, bwd in ((bc_f, strip_f, False), (bc_b, strip_b, True)))
         hold_f, hold_b = hold_f or strip_f, hold_b or strip_b  # a strip walk holds its tiles, as the launcher says
         for phase, (kernel, bc, warps, hold, strip, stages, walk) in itertools.product(
-                (2,) if mode == 3 and strip_f else (1, 2) if mode == 3 else (0,),
+                (2,) if mode == 3 and strip_f else (3, 1, 2) if mode == 3 else (0,),  # GLOBAL: one launch, or two
                 ((running_norm_fwd, bc_f, warps_f, hold_f, strip_f, stages_f, walk_f),
                  (running_norm_bwd, bc_b, warps_b, hold_b, strip_b, stages_b, walk_b))):
             ints = dict(**{f"s{a}{k}": v for a in "xygd" for k, v in st.items()}, B=B, C=C, T=T,
@@ -82,7 +82,7 @@ def configs(flag_sets=("plain", "full"), shapes=SHAPES):
                           SPAN=1 if strip else 2, WINDOW=launch.window_for(pc, B * ints["NCB"], 132),
                           DETERMINISTIC=full, AGG_ONLY=False, STRIP=bool(strip), HOLD=hold, LONE=pc or C == 1,
                           STAGES=stages, WALK_STAGES=walk, EMA32=launch.ema32_for(pc, mode, math.log2(0.99), bt),
-                          CTR_IN_WS=layer and mode in (1, 2) and not strip,  # a step under torch.compile
+                          CTR_IN_WS=layer and (mode in (1, 2) or phase == 3) and not strip,  # a compiled step
                           **{k: v for k, v in launch.vec_for((B, C, T), ((st["b"], st["c"], st["t"]),)).items()
                              if not (full and k == "WIDE")})  # "full": int64 offsets (WIDE, the default)
             if kernel is running_norm_fwd:

@@ -28,8 +28,9 @@ Statistics are float32 Chan merges of x - K, K a per-sequence (per-channel) shif
 in float64, so that the backward's chunks find the same K) or value, or an incoming state's mean where the
 state outweighs the sequence (_shift); an incoming float64 state is shifted by K in float64. FRAME shifts
 each frame by its own channel 0
-instead, so a frame far from frame 0 loses no digits of its small spread. GLOBAL runs the same tile code in two launches (PHASE 1: per-span summaries;
-PHASE 2: reduce them and finish). STRIP walks a whole sequence in one program and carries the prefix; SEG
+instead, so a frame far from frame 0 loses no digits of its small spread. GLOBAL runs the same tile code in one launch (PHASE 3: the first tickets
+publish per-span summaries, tagged; the later ones wait for their sequence's, reduce them and finish), or in two
+where a scan of many spans goes between (PHASE 1: the summaries; PHASE 2: reduce them and finish). STRIP walks a whole sequence in one program and carries the prefix; SEG
 walks it in NSPAN segments, one program each, after a PHASE 1 launch has summed every segment, so no
 program waits on another. The backward's math is derived in docs/math.md.
 
@@ -272,9 +273,10 @@ def _prefix(ws_ptr, rec0, k, tag, ca, cb, cc, aa, ab, ac, d_tile, offs_s, SC: tl
 
 @triton.jit
 def _span_reduce(ws_ptr, rec0, n, d_rec, offs_s, SC: tl.constexpr, WINDOW: tl.constexpr,
-                 LINEAR: tl.constexpr):
+                 LINEAR: tl.constexpr, TAGGED: tl.constexpr = False, tag=0):
     """Combine the first n span summaries of one sequence in order, [SC] each; each span decays what came
-    before it by d_rec (GLOBAL: 1; a segmented walk's forward: d^(frames of a span))."""
+    before it by d_rec (GLOBAL: 1; a segmented walk's forward: d^(frames of a span)). TAGGED: GLOBAL's one
+    launch, whose spans publish as they finish (int64 words, _publish): wait until every word holds ``tag``."""
     ra = tl.zeros([SC], dtype=tl.float32)
     rb = tl.zeros([SC], dtype=tl.float32)
     rc = tl.zeros([SC], dtype=tl.float32)
@@ -283,9 +285,21 @@ def _span_reduce(ws_ptr, rec0, n, d_rec, offs_s, SC: tl.constexpr, WINDOW: tl.co
         offs_j = j0 + tl.arange(0, WINDOW)
         pj = ws_ptr + rec0 + offs_j.to(tl.int64)[:, None] * (3 * SC) + offs_s[None, :]
         mj = (offs_j < n)[:, None] & (offs_s[None, :] >= 0)
-        ja = tl.load(pj + 0 * SC, mask=mj, other=0.0)
-        jb = tl.load(pj + 1 * SC, mask=mj, other=0.0)
-        jc = tl.load(pj + 2 * SC, mask=mj, other=0.0)
+        if TAGGED:
+            ready = 0
+            while ready == 0:
+                ja, ta = _unpack(tl.load(pj + 0 * SC, mask=mj, other=0, volatile=True))
+                jb, tb = _unpack(tl.load(pj + 1 * SC, mask=mj, other=0, volatile=True))
+                jc, tc = _unpack(tl.load(pj + 2 * SC, mask=mj, other=0, volatile=True))
+                ready = tl.min(tl.min((((ta == tag) & (tb == tag) & (tc == tag)) | ~mj).to(tl.int32), axis=1), axis=0)
+            # read again: a warp's own copy of the block may have missed words another copy saw (as _lookback)
+            ja, ta = _unpack(tl.load(pj + 0 * SC, mask=mj, other=0, volatile=True))
+            jb, tb = _unpack(tl.load(pj + 1 * SC, mask=mj, other=0, volatile=True))
+            jc, tc = _unpack(tl.load(pj + 2 * SC, mask=mj, other=0, volatile=True))
+        else:
+            ja = tl.load(pj + 0 * SC, mask=mj, other=0.0)
+            jb = tl.load(pj + 1 * SC, mask=mj, other=0.0)
+            jc = tl.load(pj + 2 * SC, mask=mj, other=0.0)
         jd = tl.where(mj, d_rec, 1.0)  # a record past n is empty and decays nothing
         ja, jb, jc, jd = _scan(ja, jb, jc, jd, WINDOW, SC, 0, LINEAR, False)
         lastj = (tl.arange(0, WINDOW) == WINDOW - 1)[:, None]
@@ -870,17 +884,85 @@ def _slot_sums(xb, sxt, sxc, offs_c, C, T, length, K, tile0, n_sum, BLOCK_C: tl.
 # Tile order
 # ---------------------------------------------------------------------------------------------------
 @triton.jit
-def _tile(ctr_ptr, len_ptr, B, C, T, NCB, NT, MODE: tl.constexpr, POOL_ALL: tl.constexpr,
+def _span_sums(xb, sxt, sxc, offs_c, C, T, length, K, s, span_len, n_sum, d_tile, log2d, CL, BLOCK_C: tl.constexpr,
+               BLOCK_T: tl.constexpr, SC: tl.constexpr, POOL_ALL: tl.constexpr, MODE: tl.constexpr,
+               WALK_STAGES: tl.constexpr):
+    """Welford's summary (w, mean, M2; [SC] each, relative to K) of n_sum tiles from tile s * span_len: a span of
+    GLOBAL, a segment of SEG (EMA: each frame weighs d^(frames after it)), or a strip's whole sequence."""
+    gw = tl.zeros([SC], dtype=tl.float32)
+    gm = tl.zeros([SC], dtype=tl.float32)
+    gq = tl.zeros([SC], dtype=tl.float32)
+    fw = 1.0
+    if MODE == 2:
+        fw = tl.exp2(log2d * (BLOCK_T - 1 - tl.arange(0, BLOCK_T)).to(tl.float32))[None, :]
+    if MODE == 3 and not POOL_ALL:  # instln: each slot of the tile keeps its own Welford sums (pooled "b c t"
+        # tiles sum their channels within a thread: there the slots took 9 % more instructions)
+        gw, gm, gq = _slot_sums(xb, sxt, sxc, offs_c, C, T, length, K, s * span_len, n_sum, BLOCK_C, BLOCK_T,
+                                WALK_STAGES)
+    else:
+        for k in tl.range(n_sum, num_stages=WALK_STAGES):
+            offs_t = (s * span_len + k) * BLOCK_T + tl.arange(0, BLOCK_T)
+            m_t = (offs_t < T) & (offs_t < length)
+            for c0 in range(0, CL, BLOCK_C):
+                xk, msk = _load(xb + offs_t[None, :] * sxt, sxc, c0, offs_c, C, m_t, K)
+                n = tl.sum(_count(msk, m_t, c0, C, BLOCK_C, POOL_ALL) * fw, axis=1)
+                mk = _tile_sum(xk * fw, POOL_ALL) / tl.where(n > 0, n, 1.0)
+                dev = tl.where(msk, xk - mk[:, None], 0.0)
+                # the tile's first chunk brings the decay of the tiles before it; its other chunks, none
+                gw, gm, gq, _gd = merge(gw, gm, gq, 1.0, n, mk, _tile_sum(dev * dev * fw, POOL_ALL),
+                                       tl.where(c0 == 0, d_tile, 1.0))
+    return gw, gm, gq
+
+
+@triton.jit
+def _grad_sums(xb, sxt, sxc, gyb, sgt, sgc, w_ptr, offs_c, C, T, length, K, mean1, r1, s, span_len, n_sum, CL,
+               HAS_W: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr, SC: tl.constexpr,
+               POOL_ALL: tl.constexpr, WALK_STAGES: tl.constexpr):
+    """GLOBAL's backward: A = sum(g) and Bt = sum(g * xhat) over n_sum tiles from tile s * span_len, [SC] each.
+    Per channel, each slot of the tile sums its own values, reduced once after the loop, not twice a tile
+    (instln "b t c" bf16: 565 -> 431 instructions a warp and tile); pooled tiles reduce each tile (slots of
+    [128, 64] took 255 registers and spilled)."""
+    SLOTS: tl.constexpr = not POOL_ALL
+    sa = tl.zeros([BLOCK_C, BLOCK_T] if SLOTS else [SC], dtype=tl.float32)
+    sb = tl.zeros([BLOCK_C, BLOCK_T] if SLOTS else [SC], dtype=tl.float32)
+    for k in tl.range(n_sum, num_stages=WALK_STAGES):
+        offs_t = (s * span_len + k) * BLOCK_T + tl.arange(0, BLOCK_T)
+        m_t = (offs_t < T) & (offs_t < length)
+        for c0 in range(0, CL, BLOCK_C):
+            xk, msk = _load(xb + offs_t[None, :] * sxt, sxc, c0, offs_c, C, m_t, K)
+            g, _m = _load_raw(gyb + offs_t[None, :] * sgt, sgc, c0, offs_c, C, m_t)
+            g = g * _gamma(w_ptr, c0, offs_c, C, HAS_W)[:, None]
+            xhat = tl.where(msk, (xk - mean1[:, None]) * r1[:, None], 0.0)
+            if SLOTS:
+                sa += g
+                sb += g * xhat
+            else:
+                sa += _tile_sum(g, POOL_ALL)
+                sb += _tile_sum(g * xhat, POOL_ALL)
+    if SLOTS:
+        sa, sb = _tile_sum(sa, POOL_ALL), _tile_sum(sb, POOL_ALL)
+    return sa, sb
+
+
+@triton.jit
+def _tile(ctr_ptr, len_ptr, B, C, T, NCB, NT, NSPAN, MODE: tl.constexpr, POOL_ALL: tl.constexpr,
           HAS_LEN: tl.constexpr, BLOCK_C: tl.constexpr, SC: tl.constexpr, REVERSE: tl.constexpr,
-          STRIP: tl.constexpr):
+          STRIP: tl.constexpr, PHASE: tl.constexpr):
     """Which tile this program owns and what every tile needs first: (it, vt, seq, tag, b64, offs_c, m_c,
-    offs_s, length, s_off, s_ok, NS, CL). A pooled tile spans all C channels and is visited in chunks of
+    offs_s, length, s_off, s_ok, NS, CL, span). A pooled tile spans all C channels and is visited in chunks of
     BLOCK_C, c0 in range(0, CL, BLOCK_C); a per-channel tile is one chunk (CL = BLOCK_C). Look-back modes take tile-major tickets (tile i of every
     sequence before tile i + 1 of any; REVERSE hands them out from the end, vt counting from there);
-    other modes a 1D grid in the same order (a second grid dim stops at 65535)."""
+    other modes a 1D grid in the same order (a second grid dim stops at 65535). GLOBAL in one launch (PHASE 3)
+    takes tickets too: the first B * NCB * NSPAN sum a span each (``span`` true; vt is the span), the others
+    own a tile, and wait only for programs that started before them."""
     tag = 0
+    span = tl.program_id(0) < 0  # false: not a span's program
     if (MODE == 1 or MODE == 2) and not STRIP:
         tile_id, tag = _ticket(ctr_ptr, B * NCB * NT)
+    elif PHASE == 3:
+        tile_id, tag = _ticket(ctr_ptr, B * NCB * (NSPAN + NT))
+        span = tile_id < B * NCB * NSPAN
+        tile_id = tl.where(span, tile_id, tile_id - B * NCB * NSPAN)
     else:  # STRIP: one program per sequence, starting at vt = 0
         tile_id = tl.program_id(0)
     vt = tile_id // (B * NCB)
@@ -898,7 +980,7 @@ def _tile(ctr_ptr, len_ptr, B, C, T, NCB, NT, MODE: tl.constexpr, POOL_ALL: tl.c
     CL = BLOCK_C
     if POOL_ALL:
         CL = C
-    return it, vt, seq, tag, b64, offs_c, m_c, tl.arange(0, SC), length, s_off, s_ok, NS, CL
+    return it, vt, seq, tag, b64, offs_c, m_c, tl.arange(0, SC), length, s_off, s_ok, NS, CL, span
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -940,8 +1022,8 @@ def running_norm_fwd(
     C, sxt, syt = _multiple(C, VEC_C), _multiple(sxt, VEC_C), _multiple(syt, VEC_C)
     sxc, syc, sxt, syt = _wide(sxc, WIDE), _wide(syc, WIDE), _wide(sxt, WIDE), _wide(syt, WIDE)
     sxb, syb = _multiple(sxb, VEC_T * VEC_C), _multiple(syb, VEC_T * VEC_C)
-    it0, _vt, seq, tag, b64, offs_c, m_c, offs_s, length, s_off, s_ok, NS, CL = _tile(
-        ctr_ptr, len_ptr, B, C, T, NCB, NT, MODE, POOL_ALL, HAS_LEN, BLOCK_C, SC, False, STRIP)
+    it0, _vt, seq, tag, b64, offs_c, m_c, offs_s, length, s_off, s_ok, NS, CL, span = _tile(
+        ctr_ptr, len_ptr, B, C, T, NCB, NT, NSPAN, MODE, POOL_ALL, HAS_LEN, BLOCK_C, SC, False, STRIP, PHASE)
     xb = x_ptr + b64 * sxb
     EARLY: tl.constexpr = (MODE == 1 or MODE == 2) and not STRIP  # a look-back tile reads its first chunk
     # a pooled tile holds its first chunk (a look-back tile: through the look-back), or (LEAN) reads it again to
@@ -965,32 +1047,18 @@ def running_norm_fwd(
     if SEG:
         span_len = tl.cdiv(NT, NSPAN)
     d_tile = tl.exp2(log2d * BLOCK_T)
-    if PHASE == 1 or (MODE == 3 and STRIP):
-        gw = tl.zeros([SC], dtype=tl.float32)
-        gm = tl.zeros([SC], dtype=tl.float32)
-        gq = tl.zeros([SC], dtype=tl.float32)
-        fw = 1.0
-        if MODE == 2:
-            fw = tl.exp2(log2d * (BLOCK_T - 1 - tl.arange(0, BLOCK_T)).to(tl.float32))[None, :]
+    if PHASE == 3:  # GLOBAL in one launch: a span's program publishes its summary, tagged, and is done
+        if span:
+            gw, gm, gq = _span_sums(xb, sxt, sxc, offs_c, C, T, length, K, it0, span_len, SPAN, d_tile, log2d, CL,
+                                    BLOCK_C, BLOCK_T, SC, POOL_ALL, MODE, WALK_STAGES)
+            _publish(ws_ptr + (seq.to(tl.int64) * NSPAN + it0) * (3 * SC) + offs_s, gw, gm, gq, tag, 0, SC)
+            return
+    elif PHASE == 1 or (MODE == 3 and STRIP):
         n_sum = NT if STRIP and not SEG else span_len
         if SEG:  # the last segment's sum is never read
             n_sum = tl.where(it0 < NSPAN - 1, span_len, 0)
-        if MODE == 3 and not POOL_ALL:  # instln: each slot of the tile keeps its own Welford sums (pooled "b c t"
-            # tiles sum their channels within a thread: there the slots took 9 % more instructions)
-            gw, gm, gq = _slot_sums(xb, sxt, sxc, offs_c, C, T, length, K, it0 * span_len, n_sum, BLOCK_C, BLOCK_T,
-                                    WALK_STAGES)
-        else:
-            for k in tl.range(n_sum, num_stages=WALK_STAGES):
-                offs_t = (it0 * span_len + k) * BLOCK_T + tl.arange(0, BLOCK_T)
-                m_t = (offs_t < T) & (offs_t < length)
-                for c0 in range(0, CL, BLOCK_C):
-                    xk, msk = _load(xb + offs_t[None, :] * sxt, sxc, c0, offs_c, C, m_t, K)
-                    n = tl.sum(_count(msk, m_t, c0, C, BLOCK_C, POOL_ALL) * fw, axis=1)
-                    mk = _tile_sum(xk * fw, POOL_ALL) / tl.where(n > 0, n, 1.0)
-                    dev = tl.where(msk, xk - mk[:, None], 0.0)
-                    # the tile's first chunk brings the decay of the tiles before it; its other chunks, none
-                    gw, gm, gq, _gd = merge(gw, gm, gq, 1.0, n, mk, _tile_sum(dev * dev * fw, POOL_ALL),
-                                           tl.where(c0 == 0, d_tile, 1.0))
+        gw, gm, gq = _span_sums(xb, sxt, sxc, offs_c, C, T, length, K, it0, span_len, n_sum, d_tile, log2d, CL,
+                                BLOCK_C, BLOCK_T, SC, POOL_ALL, MODE, WALK_STAGES)
         if PHASE == 1:
             rec = (seq.to(tl.int64) * NSPAN + it0) * (3 * SC)
             tl.store(ws_ptr + rec + 0 * SC + offs_s, gw)
@@ -1059,7 +1127,7 @@ def running_norm_fwd(
                 mw, mm, mq = tl.load(tot), tl.load(tot + SC), tl.load(tot + 2 * SC)
             else:
                 mw, mm, mq, _d = _span_reduce(ws_ptr, seq.to(tl.int64) * NSPAN * (3 * SC), NSPAN, 1.0, offs_s, SC,
-                                              WINDOW, False)
+                                              WINDOW, False, PHASE == 3, tag)
             if STORE_PREFIX:
                 if it == 0:
                     tl.store(ppre, mw)
@@ -1181,8 +1249,8 @@ def running_norm_bwd(
     sxc, sgc, sdc = _wide(sxc, WIDE), _wide(sgc, WIDE), _wide(sdc, WIDE)
     sxt, sgt, sdt = _wide(sxt, WIDE), _wide(sgt, WIDE), _wide(sdt, WIDE)
     sxb, sgb, sdb = _multiple(sxb, VEC_T * VEC_C), _multiple(sgb, VEC_T * VEC_C), _multiple(sdb, VEC_T * VEC_C)
-    it, vt0, seq, tag, b64, offs_c, m_c, offs_s, length, s_off, s_ok, NS, CL = _tile(
-        ctr_ptr, len_ptr, B, C, T, NCB, NT, MODE, POOL_ALL, HAS_LEN, BLOCK_C, SC, True, STRIP)
+    it, vt0, seq, tag, b64, offs_c, m_c, offs_s, length, s_off, s_ok, NS, CL, span = _tile(
+        ctr_ptr, len_ptr, B, C, T, NCB, NT, NSPAN, MODE, POOL_ALL, HAS_LEN, BLOCK_C, SC, True, STRIP, PHASE)
     xb = x_ptr + b64 * sxb
     gyb = gy_ptr + b64 * sgb
     EARLY: tl.constexpr = (MODE == 1 or MODE == 2) and not STRIP  # as in the forward
@@ -1207,29 +1275,16 @@ def running_norm_bwd(
         mean1 = tl.load(ppre + SC)
         var1 = tl.load(ppre + 2 * SC) / tl.where(gw_ > 0, gw_, 1.0)
         r1 = _one_value(_rstd(var1, eps, EPS_OUTSIDE), gw_, 0, MODE, LONE)
-        if PHASE == 1 or STRIP:  # span sums of A = sum(g) and Bt = sum(g * xhat) (a strip: its sequence's)
-            # per channel, each slot of the tile sums its own values, reduced once after the loop, not twice a
-            # tile (instln "b t c" bf16: 565 -> 431 instructions a warp and tile); pooled tiles reduce each tile
-            # (slots of [128, 64] took 255 registers and spilled)
-            SLOTS: tl.constexpr = not POOL_ALL
-            sa = tl.zeros([BLOCK_C, BLOCK_T] if SLOTS else [SC], dtype=tl.float32)
-            sb = tl.zeros([BLOCK_C, BLOCK_T] if SLOTS else [SC], dtype=tl.float32)
-            for k in tl.range(NT if STRIP else SPAN, num_stages=WALK_STAGES):
-                offs_t = (it * SPAN + k) * BLOCK_T + tl.arange(0, BLOCK_T)
-                m_t = (offs_t < T) & (offs_t < length)
-                for c0 in range(0, CL, BLOCK_C):
-                    xk, msk = _load(xb + offs_t[None, :] * sxt, sxc, c0, offs_c, C, m_t, K)
-                    g, _m = _load_raw(gyb + offs_t[None, :] * sgt, sgc, c0, offs_c, C, m_t)
-                    g = g * _gamma(w_ptr, c0, offs_c, C, HAS_W)[:, None]
-                    xhat = tl.where(msk, (xk - mean1[:, None]) * r1[:, None], 0.0)
-                    if SLOTS:
-                        sa += g
-                        sb += g * xhat
-                    else:
-                        sa += _tile_sum(g, POOL_ALL)
-                        sb += _tile_sum(g * xhat, POOL_ALL)
-            if SLOTS:
-                sa, sb = _tile_sum(sa, POOL_ALL), _tile_sum(sb, POOL_ALL)
+        if PHASE == 3:  # one launch: a span's program publishes its sums, tagged, and is done (as the forward)
+            if span:
+                sa, sb = _grad_sums(xb, sxt, sxc, gyb, sgt, sgc, w_ptr, offs_c, C, T, length, K, mean1, r1, it, SPAN,
+                                    SPAN, CL, HAS_W, BLOCK_C, BLOCK_T, SC, POOL_ALL, WALK_STAGES)
+                _publish(ws_ptr + (seq.to(tl.int64) * NSPAN + it) * (3 * SC) + offs_s, sa, sb, tl.zeros([SC], tl.float32),
+                         tag, 0, SC)
+                return
+        elif PHASE == 1 or STRIP:  # span sums of A = sum(g) and Bt = sum(g * xhat) (a strip: its sequence's)
+            sa, sb = _grad_sums(xb, sxt, sxc, gyb, sgt, sgc, w_ptr, offs_c, C, T, length, K, mean1, r1, it, SPAN,
+                                NT if STRIP else SPAN, CL, HAS_W, BLOCK_C, BLOCK_T, SC, POOL_ALL, WALK_STAGES)
             if PHASE == 1:
                 rec = (seq.to(tl.int64) * NSPAN + it) * (3 * SC)
                 tl.store(ws_ptr + rec + offs_s, sa)
@@ -1311,7 +1366,7 @@ def running_norm_bwd(
                 ta, tb = tl.load(tot), tl.load(tot + SC)
             else:
                 ta, tb, _c, _d = _span_reduce(ws_ptr, seq.to(tl.int64) * NSPAN * (3 * SC), NSPAN, 1.0, offs_s, SC,
-                                              WINDOW, True)
+                                              WINDOW, True, PHASE == 3, tag)
             A = ta[:, None] + tl.zeros([SC, BLOCK_T], tl.float32)
             Bt = tb[:, None] + tl.zeros([SC, BLOCK_T], tl.float32)
         else:

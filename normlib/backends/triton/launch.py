@@ -59,7 +59,7 @@ EPOCH = [0]  # bumped by _changed
 def tile_size(block_t=None, block_c=None, window=None, span=None, walk=None, warps=None, strip=None,
               bwd_block_c=None, bwd_warps=None, hold=None, bwd_hold=None, bwd_strip=None, maxnreg=None,
               bwd_maxnreg=None, lone=None, stages=None, bwd_stages=None, walk_stages=None, bwd_walk_stages=None,
-              ema32=None, scan_block=None):
+              ema32=None, scan_block=None, global_launches=None):
     """Force tile sizes (tests use small tiles so that the look-back runs on small inputs; forced blocks run on
     the warps their size takes, 4 or 8, unless ``warps`` is forced too); ``walk``
     makes the look-back ignore published prefixes but tile 0's, so it crosses several windows (and takes the
@@ -77,7 +77,8 @@ def tile_size(block_t=None, block_c=None, window=None, span=None, walk=None, war
     span sums' the same way; ``bwd_*`` set the backward's own choices (a pooled backward's BLOCK_C and hold, any
     backward's warps, strip, maxnreg and pipeline depths); ``ema32`` forces (True: only where the decay allows,
     see EMA32_SPAN) or forbids per-channel EMA's float32 statistics; ``scan_block`` sets span_scan's
-    statistics a program."""
+    statistics a program; ``global_launches=2`` runs GLOBAL's spans and tiles in two launches (the default is one
+    where the spans need no scan: _steps)."""
     old = dict(_OVERRIDE)
     _changed()
     _OVERRIDE.update({k: v for k, v in dict(block_t=block_t, block_c=block_c, window=window, span=span,
@@ -87,7 +88,7 @@ def tile_size(block_t=None, block_c=None, window=None, span=None, walk=None, war
                                             bwd_maxnreg=bwd_maxnreg, lone=lone, stages=stages,
                                             bwd_stages=bwd_stages, walk_stages=walk_stages,
                                             bwd_walk_stages=bwd_walk_stages, ema32=ema32,
-                                            scan_block=scan_block).items()
+                                            scan_block=scan_block, global_launches=global_launches).items()
                       if v is not None})
     try:
         yield
@@ -688,6 +689,11 @@ def _steps(kernel, p: Plan, tiles, shape, device, per_channel, backward=False, m
     # a symbolic count of spans (dynamic shapes) takes the scan, and SEG both phases, whatever it comes to: each is
     # right for any count (one span's scan is empty), where a guard on it would recompile at a new range of T
     many = not statically_known_true(p.nspan <= SCAN_SPANS)
+    if p.mode == GLOBAL and not many and _OVERRIDE.get("global_launches", 1) == 1:
+        # one launch: its first programs (by ticket) sum a span each, the others own a tile and wait for their
+        # sequence's spans (a launch less: the host's time of a launch, 4 to 7 µs, was a gln call's largest part)
+        return [_Step(kernel, B * p.ncb * (p.nspan + p.nt), **kw, ws_ptr=ws, ctr_ptr=ctr, PHASE=3, SPAN=p.span)], \
+            ("lookback", B * p.ncb * p.nt * 6 * p.sc)
     if p.mode == GLOBAL:
         scanned = many
         steps = [_Step(kernel, B * p.ncb * p.nspan, **kw, ws_ptr=ws, ctr_ptr=x, PHASE=1, SPAN=p.span,
