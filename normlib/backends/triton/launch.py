@@ -691,7 +691,7 @@ def _steps(kernel, p: Plan, tiles, shape, device, per_channel, backward=False, m
     many = not statically_known_true(p.nspan <= SCAN_SPANS)
     if p.mode == GLOBAL and not many and _OVERRIDE.get("global_launches", 1) == 1:
         # one launch: its first programs (by ticket) sum a span each, the others own a tile and wait for their
-        # sequence's spans (a launch less: the host's time of a launch, 4 to 7 µs, was a gln call's largest part)
+        # sequence's spans (the second launch made gln's forward the heaviest call on the host: 33.9 µs, cln 20.4)
         return [_Step(kernel, B * p.ncb * (p.nspan + p.nt), **kw, ws_ptr=ws, ctr_ptr=ctr, PHASE=3, SPAN=p.span)], \
             ("lookback", B * p.ncb * p.nt * 6 * p.sc)
     if p.mode == GLOBAL:
