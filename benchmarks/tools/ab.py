@@ -59,15 +59,15 @@ class _Older:
     """An older version's kernel under today's launcher: arguments it does not take are dropped where they
     leave the launch as it was (a forced pipeline depth on a kernel without one is an error)."""
 
-    def __init__(self, kernel):
-        self.kernel, self.params = kernel, set(kernel.arg_names)
+    def __init__(self, kernel):  # no ``params``: the launcher binds no direct launch, it calls this each time
+        self.kernel, self.names = kernel, set(kernel.arg_names)
 
     def __getitem__(self, grid):
         run = self.kernel[grid]
 
         def call(**kw):
             for name, same in NEWER.items():
-                if name in kw and name not in self.params:
+                if name in kw and name not in self.names:
                     if same is not None and kw[name] != same:
                         raise ValueError(f"this kernel has no {name}, launched with {name}={kw[name]}: force it "
                                          f"to {same} after an @ (e.g. @walk_stages=1,bwd_walk_stages=1 or @ema32=0)")
@@ -142,8 +142,12 @@ def _time_cases(cases, dry, graphs=False):
         y = call(xg)
         with torch.no_grad():
             fwd = bench(lambda: call(x))
-        if graphs and not dry:  # a captured step holds its own forward (autograd runs the backward on its stream)
-            bwd = bench(lambda: torch.autograd.grad(call(xg), (xg,), gy)) - fwd
+        if graphs and not dry:  # a captured step holds its own forward (autograd runs the backward on its stream),
+            # from a leaf of its own: y's graph above keeps xg's AccumulateGrad node of the default stream alive, and
+            # a capture that meets it fails ("would make the legacy stream depend on a capturing blocking stream")
+            del y
+            xc = x.clone().requires_grad_()
+            bwd = bench(lambda: torch.autograd.grad(call(xc), (xc,), gy)) - fwd
         else:
             bwd = bench(lambda: torch.autograd.grad(y, (xg,), gy, retain_graph=True))
         copy = bench(lambda: x.clone())
