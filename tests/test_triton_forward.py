@@ -1116,17 +1116,28 @@ def test_garbage_in_the_workspace_is_ignored(name):
 
 
 @pytest.mark.parametrize("layout", ["b c t", "b t c"])
-@pytest.mark.parametrize("name", ["gln", "instln"])
-def test_global_in_one_launch_reads_only_its_own_spans(name, layout):
+@pytest.mark.parametrize("name, T, span, window", [("gln", 45, 3, None), ("instln", 45, 3, None),
+                                                   ("gln", 150, 1, 64)])
+def test_global_in_one_launch_reads_only_its_own_spans(name, T, span, window, layout, monkeypatch):
     """GLOBAL's one launch: its first programs publish a summary per span into the look-back's records, tagged,
-    and the tiles wait for their sequence's (both passes). Records of random garbage left there are not read as
-    this launch's, every launch resets the ticket count, and y and dx are the reference's and those of the two
-    launches. (The interpreter runs programs in ticket order, so no tile waits here; the GPU runs the race.)"""
-    x = make_x(2, 6, 45, layout, offset=3.0)
+    and the tiles wait for their sequence's (both passes), up to a window of them (38 spans: more than span_scan's
+    32, as gln's one-tile spans on a GPU). Records of random garbage left there are not read as this launch's,
+    every launch resets the ticket count, and y and dx are the reference's and those of the two launches. (The
+    interpreter runs programs in ticket order, so no tile waits here; the GPU runs the race.)"""
+    x = make_x(2, 6, T, layout, offset=3.0)
     gy = torch.randn_like(x)
     outs = {}
+    phases = []
+    real = launch._Step.__call__
+
+    def spy(step, env, stream, aligned, ptrs):
+        phases.append(step.kw.get("PHASE"))
+        return real(step, env, stream, aligned, ptrs)
+
+    monkeypatch.setattr(launch._Step, "__call__", spy)
     for launches in (2, 1):
-        with tile_size(block_t=4, block_c=4, span=3, strip=False, global_launches=launches):
+        phases.clear()
+        with tile_size(block_t=4, block_c=4, span=span, window=window, strip=False, global_launches=launches):
             if launches == 1:
                 tri(name, dev(x), layout=layout)  # grow the workspace to this launch's size
                 ws, ctr = _lookback_buffers()
@@ -1135,6 +1146,7 @@ def test_global_in_one_launch_reads_only_its_own_spans(name, layout):
             y = tri(name, xg, layout=layout)
             (gx,) = torch.autograd.grad(y, xg, dev(gy))
         outs[launches] = y, gx
+        assert phases[-2:] == [3, 3] if launches == 1 else 3 not in phases, phases
     assert int(ctr) & 0xFFFFFFFF == 0, "every launch must consume its tickets and reset the ticket count"
     xr = x.double().requires_grad_()
     y_ref = ref(name, xr, layout=layout)

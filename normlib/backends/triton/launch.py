@@ -689,9 +689,11 @@ def _steps(kernel, p: Plan, tiles, shape, device, per_channel, backward=False, m
     # a symbolic count of spans (dynamic shapes) takes the scan, and SEG both phases, whatever it comes to: each is
     # right for any count (one span's scan is empty), where a guard on it would recompile at a new range of T
     many = not statically_known_true(p.nspan <= SCAN_SPANS)
-    if p.mode == GLOBAL and not many and _OVERRIDE.get("global_launches", 1) == 1:
+    if p.mode == GLOBAL and statically_known_true(p.nspan <= p.window) and _OVERRIDE.get("global_launches", 1) == 1:
         # one launch: its first programs (by ticket) sum a span each, the others own a tile and wait for their
-        # sequence's spans (the second launch made gln's forward the heaviest call on the host: 33.9 µs, cln 20.4)
+        # sequence's spans, which each reads in one window (as a look-back's); more spans take span_scan between
+        # two launches. The launches made gln's forward the heaviest call on the host (33.9 µs, cln 20.4: at
+        # (4, 512, 4000) on an H100, 63 spans of one tile, three launches)
         return [_Step(kernel, B * p.ncb * (p.nspan + p.nt), **kw, ws_ptr=ws, ctr_ptr=ctr, PHASE=3, SPAN=p.span)], \
             ("lookback", B * p.ncb * p.nt * 6 * p.sc)
     if p.mode == GLOBAL:
