@@ -53,11 +53,11 @@ def test_a_direct_launch_passes_every_argument_where_tritons_binder_puts_it(name
     env = {f"t{i}": torch.empty(4) for i in range(len(required))}
     kw = {p.name: (launch._Role(f"t{i}") if p.name.endswith("_ptr") else 1000 + i) for i, p in enumerate(required)}
     step = launch._Step(kernel, 7, 3, **kw, num_warps=4)
-    step(env, 123, True, {})  # Triton's launcher: compiles, then bound
+    step(env, 123, True)  # Triton's launcher: compiles, then bound
     assert len(kernel.launches) == 1 and compiled.calls == []
     grid, got_kw = kernel.launches[0]
     assert grid == (7, 3, 1) and got_kw["num_warps"] == 4
-    step(env, 123, True, {})  # direct
+    step(env, 123, True)  # direct
     assert len(kernel.launches) == 1 and len(compiled.calls) == 1
     call = compiled.calls[0]
     assert call[:7] == (7, 3, 1, 123, "function", "metadata", None)
@@ -66,7 +66,6 @@ def test_a_direct_launch_passes_every_argument_where_tritons_binder_puts_it(name
     args = call[9:]
     assert len(args) == len(bound.arguments)
     for (k, want), got in zip(bound.arguments.items(), args):
-        want = want.data_ptr() if isinstance(want, torch.Tensor) else want  # a call's tensors go as addresses
         assert got is want or got == want, f"{name}: argument {k} got {got!r}, Triton's binder {want!r}"
 
 
@@ -78,20 +77,20 @@ def test_direct_launches_take_the_calls_own_tensors_and_fall_back_where_triton_m
     step = launch._Step(kernel, 2, 2, p_ptr=launch._Role("p"), gw_ptr=launch._Role("w"), gb_ptr=launch._Role("b"),
                         R=5, C=9, BLOCK_R=512, BLOCK_C=8, num_warps=4)
     envs = [{k: torch.empty(3) for k in "pwb"} for _ in range(3)]
-    step(envs[0], 0, True, {})
-    step(envs[1], 0, True, {})
-    assert [a[9:12] for a in compiled.calls] == [tuple(envs[1][k].data_ptr() for k in "pwb")]
-    step(envs[2], 0, False, {})
+    step(envs[0], 0, True)
+    step(envs[1], 0, True)
+    assert [a[9:12] for a in compiled.calls] == [(envs[1]["p"], envs[1]["w"], envs[1]["b"])]
+    step(envs[2], 0, False)
     assert len(kernel.launches) == 2 and kernel.launches[1][1]["p_ptr"] is envs[2]["p"]
     hooks = launch.knobs.runtime.launch_enter_hook
     hooks.add(profiler := lambda *a: None)
     try:
-        step(envs[2], 0, True, {})
+        step(envs[2], 0, True)
     finally:
         hooks.remove(profiler)
     assert len(kernel.launches) == 3 and len(compiled.calls) == 1
     monkeypatch.setattr(launch.knobs.runtime, "launch_enter_hook", lambda *a: None)  # a plain function: set
-    step(envs[2], 0, True, {})
+    step(envs[2], 0, True)
     assert len(kernel.launches) == 4 and len(compiled.calls) == 1
 
 
@@ -101,9 +100,9 @@ def test_unaligned_first_launches_bind_nothing():
     step = launch._Step(kernel, 1, p_ptr=launch._Role("p"), gw_ptr=launch._Role("p"), gb_ptr=launch._Role("p"),
                         R=1, C=1, BLOCK_R=512, BLOCK_C=8)
     env = {"p": torch.empty(3)}
-    step(env, 0, False, {})
-    step(env, 0, True, {})  # binds now
-    step(env, 0, True, {})
+    step(env, 0, False)
+    step(env, 0, True)  # binds now
+    step(env, 0, True)
     assert len(kernel.launches) == 2 and len(compiled.calls) == 1
 
 
@@ -124,7 +123,7 @@ def test_a_wrapped_kernel_binds_nothing():
                         R=1, C=1, BLOCK_R=512, BLOCK_C=8)
     env = {"p": torch.empty(4)}
     for _ in range(3):
-        step(env, 0, True, {})
+        step(env, 0, True)
     assert len(kernel.launches) == 3 and not compiled.calls
 
 
@@ -146,7 +145,7 @@ def test_a_bound_launch_keeps_none_of_the_first_calls_tensors():
                         R=1, C=1, BLOCK_R=512, BLOCK_C=8)
     env = {k: torch.empty(3) for k in "pwb"}
     refs = [weakref.ref(t) for t in env.values()]
-    step(env, 0, True, {})
+    step(env, 0, True)
     kernel.launches.clear()
     del env
     gc.collect()

@@ -616,16 +616,14 @@ class _Step:
         self.roles = tuple((k, v) for k, v in kw.items() if type(v) is _Role)
         self.bound = None
 
-    def __call__(self, env, stream, aligned, ptrs):
+    def __call__(self, env, stream, aligned):
         b = self.bound
         hook = knobs.runtime.launch_enter_hook  # an empty HookChain, unless a profiler has added one
         if b is not None and aligned and (hook is None or not getattr(hook, "calls", True)):
             run, function, meta, fixed, slots = b
-            if not ptrs:  # the call's tensors as device addresses, once for all its launches (_addresses)
-                ptrs.update(_addresses(env))
             args = fixed.copy()
             for i, role in slots:
-                args[i] = ptrs[role]
+                args[i] = env[role]
             run(*self.grid, stream, function, meta, None, None, None, *args)
             return
         kw = dict(self.kw)
@@ -756,16 +754,8 @@ def _run(steps, need, env, device, aligned):
             env["ws"] = _span_records(device, need[1], stream)
         elif need is not None:
             env["ws"], env["ctr"] = _workspace(device, need[1], stream)
-        ptrs = {}
         for step in steps:
-            step(env, stream, aligned, ptrs)
-
-
-def _addresses(env):
-    """Each tensor of a call as its address: the compiled launcher takes an int as it is, where for a tensor it
-    calls data_ptr() and asks the driver whether the address is a device's (cuPointerGetAttribute), for every
-    pointer argument of every launch, the dummies included. The checks have put every tensor on x's device."""
-    return {role: t.data_ptr() for role, t in env.items() if t is not None}
+            step(env, stream, aligned)
 
 
 def _run_traced(steps, need, env, device):
