@@ -523,7 +523,13 @@ def _workspace(device, n_words, stream=None):
     """The look-back records (zeroed once, grown on demand) and the ticket counter of a device's current
     stream: launches on two streams may run at once, and sharing them would mix their tickets and records."""
     key = (device, _stream_key(device) if stream is None else stream)
-    return _kept(key, n_words, device), _kept(key + ("ctr",), 1, device, least=1)
+    pair = _PAIRS.get(key)
+    if pair is None or pair[0].numel() < n_words:  # (the pair: one lookup a call, not two _kept calls)
+        pair = _PAIRS[key] = _kept(key, n_words, device), _kept(key + ("ctr",), 1, device, least=1)
+    return pair
+
+
+_PAIRS: dict = {}  # (device, stream) -> the records and counter of _WORKSPACES, as _workspace returns them
 
 
 def _span_records(device, n_floats, stream):
@@ -589,10 +595,11 @@ def _stream_key(device) -> int:
 
 def _device_guard(device):
     """Triton launches on the current CUDA device: make it x's where another one is current (a model split
-    over GPUs), or the kernel would run on the other device's stream while x's stream owns the buffers."""
+    over GPUs), or the kernel would run on the other device's stream while x's stream owns the buffers. None
+    where x's device is current: no context to enter on a call's path (a nullcontext cost more than the check)."""
     if device.type == "cuda" and device.index != torch.cuda.current_device():
         return torch.cuda.device(device)
-    return contextlib.nullcontext()
+    return None
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -748,14 +755,18 @@ def _run(steps, need, env, device, aligned):
     """Run a prepared call's launches on x's device and its current stream, with their workspace."""
     if aligned is None:
         return _run_traced(steps, need, env, device)
-    with _device_guard(device):
-        stream = _stream_key(device)
-        if need is not None and need[0] == "span":
+    guard = _device_guard(device)
+    if guard is not None:
+        with guard:
+            return _run(steps, need, env, device, aligned)
+    stream = _stream_key(device)
+    if need is not None:
+        if need[0] == "span":
             env["ws"] = _span_records(device, need[1], stream)
-        elif need is not None:
+        else:
             env["ws"], env["ctr"] = _workspace(device, need[1], stream)
-        for step in steps:
-            step(env, stream, aligned)
+    for step in steps:
+        step(env, stream, aligned)
 
 
 def _run_traced(steps, need, env, device):
