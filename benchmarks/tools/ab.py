@@ -10,7 +10,8 @@ causal norm with an incoming state, returning the outgoing one). Every variant r
 launcher; a variant may force tiles as ``launch.tile_size`` does, after an @ (``tree@block_c=64,block_t=64``
 or ``/tmp/k.py@warps=8``). An older kernels.py may lack constexprs that the launcher passes (LONE, STAGES,
 WALK_STAGES): they are dropped where that leaves the launch as it was, and a pipelined default must be forced
-back for it (``/tmp/k.py@walk_stages=1,bwd_walk_stages=1``). Some rows settle at one of two speeds per process (the backward of cln (1, 128, 256000) took
+back for it (``/tmp/k.py@walk_stages=1,bwd_walk_stages=1``). Its launches go through Triton's launcher every
+time (only the tree's are bound to the compiled launcher): compare calls whose host path shows with --graphs. Some rows settle at one of two speeds per process (the backward of cln (1, 128, 256000) took
 225 µs in one process and 437 µs in the next with the same kernel), so one process per variant cannot rank
 changes: each round starts a new process per variant. ``--graphs`` times device time from CUDA graph replays
 instead of eager calls (below about 250 µs an eager call times the host's path). Prints, per case and variant, the median over
