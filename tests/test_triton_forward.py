@@ -1075,7 +1075,7 @@ def test_each_stream_has_its_own_look_back_workspace(monkeypatch, deterministic)
 
 
 @pytest.mark.parametrize("name, tiles", [("ccln", dict(block_t=4, block_c=2, strip=2, span=3, window=2)),
-                                         ("gln", dict(block_t=4, strip=False, span=2, global_launches=2))])
+                                         ("gln", dict(block_t=4, strip=False, span=2))])
 def test_span_records_are_kept_per_stream_and_written_before_read(name, tiles):
     """SEG and GLOBAL's two launches keep their span records per stream, as the look-back keeps its records: no
     allocation a call. Every record a call reads is one it wrote: poisoned_buffers fills them with NaN before

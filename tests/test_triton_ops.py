@@ -224,16 +224,18 @@ def test_the_traced_launches_compute_what_the_eager_ones_do(layout, per_channel,
     sin = dev(torch.stack([torch.full((B, nsc), 3.0, dtype=torch.float64), torch.randn(B, nsc, dtype=torch.float64,
                            generator=g), torch.rand(B, nsc, dtype=torch.float64, generator=g)])) if running else None
     gy = torch.randn_like(x)
-    with tb.tile_size(block_t=4, window=2, span=3):  # GLOBAL: 2 spans of 3 tiles, in one launch
+    with tb.tile_size(block_t=4, window=2, span=3):  # GLOBAL: 2 spans of 3 tiles, in one launch (forced below)
         tiles = tb.launch.tiles_for(x, per_channel, decay)
     opts = dict(per_channel=per_channel, decay=decay, eps=1e-5, eps_outside=False, tiles=tiles)
     got = []
-    for traced in (False, True):
-        y, sout, pre = tb.launch.forward(x, w, b, lengths, sin, return_state=running, save=True, traced=traced,
-                                         **opts)
-        gsout = torch.ones_like(sout) if running else None
-        grads = tb.launch.backward(gy, gsout, x, w, lengths, sin, pre, need_weight_grads=True, traced=traced, **opts)
-        got.append([t for t in (y, sout, pre, *grads) if t is not None])
+    with tb.tile_size(global_launches=1):
+        for traced in (False, True):
+            y, sout, pre = tb.launch.forward(x, w, b, lengths, sin, return_state=running, save=True, traced=traced,
+                                             **opts)
+            gsout = torch.ones_like(sout) if running else None
+            grads = tb.launch.backward(gy, gsout, x, w, lengths, sin, pre, need_weight_grads=True, traced=traced,
+                                       **opts)
+            got.append([t for t in (y, sout, pre, *grads) if t is not None])
     assert len(got[0]) == len(got[1])
     for i, (a, t) in enumerate(zip(*got)):
         assert torch.equal(a, t), i

@@ -77,8 +77,9 @@ def tile_size(block_t=None, block_c=None, window=None, span=None, walk=None, war
     span sums' the same way; ``bwd_*`` set the backward's own choices (a pooled backward's BLOCK_C and hold, any
     backward's warps, strip, maxnreg and pipeline depths); ``ema32`` forces (True: only where the decay allows,
     see EMA32_SPAN) or forbids per-channel EMA's float32 statistics; ``scan_block`` sets span_scan's
-    statistics a program; ``global_launches=2`` runs GLOBAL's spans and tiles in two launches (the default is one
-    where the spans need no scan: _steps)."""
+    statistics a program; ``global_launches=1`` runs GLOBAL's spans and tiles in one launch where the spans fit a
+    window (_steps; the default stays two, with span_scan between above 32 spans, until the one launch's device
+    time is measured: its tiles hold phase 1's registers too)."""
     old = dict(_OVERRIDE)
     _changed()
     _OVERRIDE.update({k: v for k, v in dict(block_t=block_t, block_c=block_c, window=window, span=span,
@@ -694,11 +695,12 @@ def _steps(kernel, p: Plan, tiles, shape, device, per_channel, backward=False, m
     # a symbolic count of spans (dynamic shapes) takes the scan, and SEG both phases, whatever it comes to: each is
     # right for any count (one span's scan is empty), where a guard on it would recompile at a new range of T
     many = not statically_known_true(p.nspan <= SCAN_SPANS)
-    if p.mode == GLOBAL and statically_known_true(p.nspan <= p.window) and _OVERRIDE.get("global_launches", 1) == 1:
+    if p.mode == GLOBAL and statically_known_true(p.nspan <= p.window) and _OVERRIDE.get("global_launches") == 1:
         # one launch: its first programs (by ticket) sum a span each, the others own a tile and wait for their
-        # sequence's spans, which each reads in one window (as a look-back's); more spans take span_scan between
-        # two launches. The launches made gln's forward the heaviest call on the host (33.9 µs, cln 20.4: at
-        # (4, 512, 4000) on an H100, 63 spans of one tile, three launches)
+        # sequence's spans, which each reads in one window (as a look-back's). The launches made gln's forward the
+        # heaviest call on the host (33.9 µs, cln 20.4: at (4, 512, 4000) on an H100, 63 spans of one tile, three
+        # launches); forced only (tile_size) until its device time is measured: its tiles hold phase 1's
+        # registers too (pooled "b c t" fp32: 168 / 196 against 110 to 128 / 150, fewer tiles an SM)
         return [_Step(kernel, B * p.ncb * (p.nspan + p.nt), **kw, ws_ptr=ws, ctr_ptr=ctr, PHASE=3, SPAN=p.span)], \
             ("lookback", B * p.ncb * p.nt * 6 * p.sc)
     if p.mode == GLOBAL:
