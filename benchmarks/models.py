@@ -80,16 +80,25 @@ def host_us(fn, n=40) -> float:
     """The host's time of one call, µs, with the GPU's queue kept busy: the calls are issued behind a long
     GPU sleep, so that what is timed is the host's path to the launches, not the kernels. ``n`` stays small:
     past the launch queue's depth (about 1000 kernels) a launch waits for the sleep to end."""
+    return host_batches(fn, n, 1, int(2e9))[0]  # about a second of GPU time: longer than issuing the calls
+
+
+def host_batches(fn, n=40, batches=12, cycles=int(1.2e8)) -> tuple[float, float]:
+    """host_us over several batches, each of n calls issued behind a GPU sleep of ``cycles`` (1.2e8: some 60 ms,
+    longer than 40 calls of a layer's forward and backward): (best, median) µs a call. A host's noise moves single
+    batches by tens of percent; the best of a dozen holds."""
     for _ in range(5):
         fn()
     torch.cuda.synchronize()
-    torch.cuda._sleep(int(2e9))  # about a second of GPU time: longer than issuing the calls
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    t = time.perf_counter() - t0
-    torch.cuda.synchronize()
-    return t / n * 1e6
+    times = []
+    for _ in range(batches):
+        torch.cuda._sleep(cycles)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        times.append((time.perf_counter() - t0) / n * 1e6)
+        torch.cuda.synchronize()
+    return min(times), statistics.median(times)
 
 
 def host_rows(device, shape=(4, 512, 4000), chain=8) -> list[dict]:

@@ -21,23 +21,24 @@ CASES = [("cln", (80, 64, 301)), ("gln", (64, 128, 500)), ("frameln", (64, 128, 
 
 
 def single_launch(spec, x):
-    """The (kernel, grid, kwargs) of the one launch that ``norm(spec, x)`` makes, or None if it makes more."""
+    """The (kernel, grid, kwargs) of the one launch that ``norm(spec, x)`` makes (a prepared call's step, its
+    tensors bound), or None if it makes more."""
     seen = []
+    real = launch._Step.__call__
 
-    class Recorder:
-        def __init__(self, kernel):
-            self.kernel = kernel
+    def record(step, env, *args):
+        kw = dict(step.kw)
+        for name, role in step.roles:
+            kw[name] = env[role]
+        seen.append((step.kernel, step.grid, kw))
+        return real(step, env, *args)
 
-        def __getitem__(self, grid):
-            return lambda **kw: seen.append((self.kernel, grid, kw))
-
-    real = launch._launch
-    launch._launch = lambda kernel, *a, **kw: real(Recorder(kernel), *a, **kw)
+    launch._Step.__call__ = record
     try:
         with torch.no_grad():
             normlib.functional.norm(spec, x, backend="triton")
     finally:
-        launch._launch = real
+        launch._Step.__call__ = real
     return seen[0] if len(seen) == 1 else None
 
 

@@ -79,6 +79,47 @@ def test_ab_shows_a_failed_workers_error():
     assert "k_gone.py" in done.stderr and "FileNotFoundError" in done.stderr and "exited" in done.stderr
 
 
+def test_host_ab_runs_each_tree_in_its_own_process():
+    """host_ab.py's plumbing on the CPU, untimed: the working tree and another (a link to the same package) each
+    import their own normlib and time every layer; a tree without one stops the run with the worker's error."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(os.path.dirname(here))
+    with tempfile.TemporaryDirectory() as tmp:
+        other = os.path.join(tmp, "other")
+        os.makedirs(other)
+        os.symlink(os.path.join(root, "normlib"), os.path.join(other, "normlib"))
+        cmd = [sys.executable, os.path.join(here, "host_ab.py"), "--dry", "--procs", "1", "--shape", "2,8,30"]
+        out = subprocess.run(cmd + ["--tree", other, "cln,gln"], capture_output=True, text=True, check=True).stdout
+        rows = [line for line in out.splitlines() if line.startswith(("cln ", "gln ", "nn.GroupNorm"))]
+        assert len(rows) == 6 and all("tree: " in r and "other: " in r for r in rows), out
+        empty = os.path.join(tmp, "empty")
+        os.makedirs(empty)
+        done = subprocess.run(cmd + ["--tree", empty, "cln"], capture_output=True, text=True)
+    assert done.returncode != 0 and "exited" in done.stderr and "imported" in done.stderr
+
+
+def test_launch_cost_records_a_norms_one_launch():
+    """launch_cost.py's recorder on the CPU (Triton's interpreter, in a process of its own): a cln call's one
+    launch with its tensors bound (it patched a launch function that no longer existed, and broke)."""
+    import os
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = ("import torch, normlib, launch_cost\n"
+            "kernel, grid, kw = launch_cost.single_launch(normlib.get('cln').spec, torch.randn(2, 8, 30))\n"
+            "print(getattr(kernel, 'fn', kernel).__name__, grid, type(kw['x_ptr']).__name__, kw['T'])")
+    env = dict(os.environ, TRITON_INTERPRET="1",
+               PYTHONPATH=os.pathsep.join([here, os.path.dirname(os.path.dirname(here))]))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split()[0] == "running_norm_fwd" and "Tensor 30" in out, out
+
+
 def test_ab_cases_end_in_a_layout_or_state():
     import ab
 
