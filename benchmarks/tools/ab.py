@@ -155,6 +155,15 @@ def _time_cases(cases, dry, graphs=False):
         print(json.dumps(dict(case=text, fwd=fwd, bwd=bwd, copy=copy, bits=bits)), flush=True)
 
 
+def run_worker(cmd, env, who):
+    """A worker process's stdout; where it fails, its own error (stderr) and a stop, not only its exit status."""
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if done.returncode:
+        sys.stderr.write(done.stderr)
+        raise SystemExit(f"{who} exited {done.returncode}")
+    return done.stdout
+
+
 def main(argv=None):
     p = argparse.ArgumentParser()
     p.add_argument("cases", nargs="+", help="norm:B,C,T:dtype:layout")
@@ -175,11 +184,7 @@ def main(argv=None):
         for v in variants:
             cmd = ([sys.executable, os.path.abspath(__file__), "--worker", v, *a.cases] + (["--dry"] if a.dry else [])
                    + (["--graphs"] if a.graphs else []))
-            done = subprocess.run(cmd, env=env, capture_output=True, text=True)
-            if done.returncode:  # the worker's own error, not only its exit status
-                sys.stderr.write(done.stderr)
-                raise SystemExit(f"ab.py: the worker of {v} exited {done.returncode}")
-            out = done.stdout
+            out = run_worker(cmd, env, f"ab.py: the worker of {v}")
             runs[v].append({r["case"]: r for r in map(json.loads, out.splitlines()) if r})
             for r in runs[v][-1].values():  # as it goes, so that a run cut short still says something
                 print(f"  {v}: {r['case']}: fwd {r['copy'] / r['fwd']:.2f} bwd {1.5 * r['copy'] / r['bwd']:.2f}",

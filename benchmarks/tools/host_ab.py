@@ -17,8 +17,9 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
+
+from ab import run_worker  # benchmarks/tools/ is the script's directory
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -79,11 +80,8 @@ def main(argv=None):
     for _ in range(a.procs):
         for v in variants:
             cmd = [sys.executable, os.path.abspath(__file__), "--worker", v, a.norms, "--shape", a.shape]
-            done = subprocess.run(cmd + (["--dry"] if a.dry else []), capture_output=True, text=True)
-            if done.returncode:
-                sys.stderr.write(done.stderr)
-                raise SystemExit(f"host_ab.py: the worker of {v} exited {done.returncode}")
-            runs[v].append(json.loads(done.stdout.strip().splitlines()[-1]))
+            out = run_worker(cmd + (["--dry"] if a.dry else []), None, f"host_ab.py: the worker of {v}")
+            runs[v].append(json.loads(out.strip().splitlines()[-1]))
     print(f"host µs a call, {a.shape} fp32, best of bests (median of medians) over {a.procs} processes")
     for layer in runs[TREE][0]:
         for kind in ("fwd", "fwdbwd"):
