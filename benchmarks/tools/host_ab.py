@@ -4,7 +4,8 @@
     PYTHONPATH=. python benchmarks/tools/host_ab.py --tree /tmp/old --procs 3 cln,gln
 
 A tree is a directory that holds a ``normlib`` package (put it in the working tree, not a git-ignored folder,
-for a device call to carry it). Each variant runs in fresh processes, the variants alternated, since a host's
+for a device call to carry it), or ``tree`` for the working tree; either may force launch choices after an @, as
+``launch.tile_size`` takes them (``--tree tree@global_launches=1``: the working tree with GLOBAL in one launch). Each variant runs in fresh processes, the variants alternated, since a host's
 speed moves between processes. A process times, at --shape fp32 "b c t" (default (4, 512, 4000)): ``x.clone()``,
 ``nn.GroupNorm(1, C)`` and each norm's layer (backend "auto"), forward without grad and forward + backward,
 each the best and the median of 12 batches of 40 calls issued behind a GPU sleep (``host_batches`` in
@@ -26,9 +27,18 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 TREE = "tree"  # the working tree
 
 
-def worker(tree, norms, shape, dry):
-    """One process: every layer with the normlib of ``tree``; one JSON object."""
+def worker(variant, norms, shape, dry):
+    """One process: every layer with the normlib of the variant's tree, under its forced launch choices; one JSON
+    object."""
+    tree, _, forced = variant.partition("@")
     sys.path.insert(0, ROOT if tree == TREE else os.path.abspath(tree))
+    from normlib.backends.triton import launch
+
+    with launch.tile_size(**{k: int(v) for k, v in (kv.split("=") for kv in forced.split(",") if kv)}):
+        _time_layers(tree, norms, shape, dry)
+
+
+def _time_layers(tree, norms, shape, dry):
     import torch
 
     import normlib
@@ -90,7 +100,7 @@ def main(argv=None):
             cells = []
             for v in variants:
                 got = [r[layer][kind] for r in runs[v]]
-                cells.append(f"{os.path.basename(v.rstrip('/')) or v}: {min(g[0] for g in got):.1f} "
+                cells.append(f"{os.path.basename(v.rstrip('/'))}: {min(g[0] for g in got):.1f} "
                              f"({statistics.median(g[1] for g in got):.1f})")
             print(f"{layer} {kind}: " + " | ".join(cells), flush=True)
     return 0

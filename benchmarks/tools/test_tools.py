@@ -80,8 +80,9 @@ def test_ab_shows_a_failed_workers_error():
 
 
 def test_host_ab_runs_each_tree_in_its_own_process():
-    """host_ab.py's plumbing on the CPU, untimed: the working tree and another (a link to the same package) each
-    import their own normlib and time every layer; a tree without one stops the run with the worker's error."""
+    """host_ab.py's plumbing on the CPU, untimed: the working tree, another (a link to the same package) and the
+    working tree with a forced launch choice each import their own normlib and time every layer; a tree without
+    one stops the run with the worker's error."""
     import os
     import subprocess
     import sys
@@ -94,9 +95,11 @@ def test_host_ab_runs_each_tree_in_its_own_process():
         os.makedirs(other)
         os.symlink(os.path.join(root, "normlib"), os.path.join(other, "normlib"))
         cmd = [sys.executable, os.path.join(here, "host_ab.py"), "--dry", "--procs", "1", "--shape", "2,8,30"]
-        out = subprocess.run(cmd + ["--tree", other, "cln,gln"], capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(cmd + ["--tree", other, "--tree", "tree@global_launches=1", "cln,gln"],
+                             capture_output=True, text=True, check=True).stdout
         rows = [line for line in out.splitlines() if line.startswith(("cln ", "gln ", "nn.GroupNorm"))]
-        assert len(rows) == 6 and all("tree: " in r and "other: " in r for r in rows), out
+        assert len(rows) == 6 and all("tree: " in r and "other: " in r and "tree@global_launches=1: " in r
+                                      for r in rows), out
         empty = os.path.join(tmp, "empty")
         os.makedirs(empty)
         done = subprocess.run(cmd + ["--tree", empty, "cln"], capture_output=True, text=True)
