@@ -28,9 +28,10 @@ Statistics are float32 Chan merges of x - K, K a per-sequence (per-channel) shif
 in float64, so that the backward's chunks find the same K) or value, or an incoming state's mean where the
 state outweighs the sequence (_shift); an incoming float64 state is shifted by K in float64. FRAME shifts
 each frame by its own channel 0
-instead, so a frame far from frame 0 loses no digits of its small spread. GLOBAL runs the same tile code in one launch (PHASE 3: the first tickets
-publish per-span summaries, tagged; the later ones wait for their sequence's, reduce them and finish), or in two
-where a scan of many spans goes between (PHASE 1: the summaries; PHASE 2: reduce them and finish). STRIP walks a whole sequence in one program and carries the prefix; SEG
+instead, so a frame far from frame 0 loses no digits of its small spread. GLOBAL runs the same tile code in two launches (PHASE 1: per-span
+summaries; PHASE 2: reduce them and finish), with span_scan between for many spans, or, where the launcher is
+told to, in one (PHASE 3: the first tickets publish the spans' summaries, tagged; the later ones wait for their
+sequence's, reduce them and finish). STRIP walks a whole sequence in one program and carries the prefix; SEG
 walks it in NSPAN segments, one program each, after a PHASE 1 launch has summed every segment, so no
 program waits on another. The backward's math is derived in docs/math.md.
 
